@@ -1,0 +1,258 @@
+"""Statistics of a tensor that can be accumulated piece by piece and merged.
+
+This is pass 1 of every norm-based clip: one read of the data yields, per tensor,
+the sum of squares (in float64, over the whole tensor or per slice along
+``axes``), the sum and maximum of ``|x|`` and the NaN/Inf counts. Pieces may come
+in any order and any shape, as long as each is a rectangular block of the tensor
+named by a tuple of slices (``index``); two accumulators over disjoint blocks of
+the same tensor (or two workers' shares) merge into the statistics of the union.
+
+The whole-array functions in :mod:`tclip.ops` use exactly this code, so the file
+pipeline and the NumPy API cannot disagree.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .dtypes import is_complex
+
+# Elements squared and summed per BLAS call. The float64 copy of a chunk stays in
+# cache (1 MiB), and a dot product over at most 2**17 float64 values keeps the
+# worst-case relative rounding error below 2**17 * 2**-53 ~= 1.5e-11; the chunk
+# totals are then added with compensated (Neumaier) summation.
+CHUNK_ELEMENTS = 1 << 17
+
+Index = tuple[slice, ...]
+
+
+def normalize_axes(axes: object, ndim: int, *, argname: str = "axes") -> tuple[int, ...] | None:
+    """Turn ``axes`` (None, an int or a sequence of ints) into sorted non-negative axes.
+
+    None means "all dimensions" and is returned as None; ``[]`` means "no
+    dimension" (every element is its own slice) and is returned as ``()``.
+
+    Raises:
+        ValueError: an axis is out of range for ``ndim`` or given twice.
+        TypeError: an axis is not an integer.
+    """
+    if axes is None:
+        return None
+    if isinstance(axes, np.ndarray):
+        axes = axes.tolist()
+    items = [axes] if not isinstance(axes, Sequence) or isinstance(axes, str) else list(axes)
+    seen: dict[int, object] = {}
+    for item in items:
+        if isinstance(item, (bool, np.bool_)) or not isinstance(item, (int, np.integer)):
+            raise TypeError(f"{argname}: expected integers, got {item!r}")
+        axis = operator.index(item)
+        if not -ndim <= axis < ndim:
+            raise ValueError(
+                f"{argname}: axis {axis} is out of range for a tensor of rank {ndim}"
+            )
+        positive = axis % ndim
+        if positive in seen:
+            raise ValueError(
+                f"{argname}: axis {axis} is repeated (as {seen[positive]!r} and {item!r}) "
+                f"for a tensor of rank {ndim}"
+            )
+        seen[positive] = item
+    return tuple(sorted(seen))
+
+
+def reduced_shape(shape: Sequence[int], axes: tuple[int, ...] | None) -> tuple[int, ...]:
+    """The keepdims shape of a reduction over ``axes`` (None: over everything)."""
+    if axes is None:
+        return tuple(1 for _ in shape)
+    return tuple(1 if i in axes else n for i, n in enumerate(shape))
+
+
+def kept_index(index: Index | None, ndim: int, axes: tuple[int, ...] | None) -> Index:
+    """Where a block ``index`` of the tensor lands in a keepdims per-slice array."""
+    if index is None or axes is None:
+        return (slice(None),) * ndim
+    return tuple(slice(None) if i in axes else s for i, s in enumerate(index))
+
+
+def _as_float64(piece: np.ndarray) -> np.ndarray:
+    """A float64 (or complex128) copy of ``piece`` for exact squaring."""
+    if is_complex(piece.dtype):
+        return piece.astype(np.complex128)
+    return piece.astype(np.float64)
+
+
+@dataclass
+class TensorStats:
+    """Running statistics of one tensor (or of the part of it added so far).
+
+    Attributes:
+        shape: the whole tensor's shape.
+        axes: the reduced axes of ``sum_of_squares``: None for one value over
+            the whole tensor, a tuple of non-negative axes for one value per slice.
+        sum_of_squares: float64 array of the keepdims shape (``()`` when axes is
+            None); for complex data the sum of ``|z|**2``.
+        sum_abs: sum of ``|x|`` over the tensor (the L1 norm), float64.
+        max_abs: largest ``|x|`` that is not NaN (0.0 before any element).
+        nan_count, inf_count: how many elements are NaN / +-Inf.
+        count: how many elements have been added.
+    """
+
+    shape: tuple[int, ...]
+    axes: tuple[int, ...] | None = None
+    sum_of_squares: np.ndarray = field(default=None)  # type: ignore[assignment]
+    sum_abs: float = 0.0
+    max_abs: float = 0.0
+    nan_count: int = 0
+    inf_count: int = 0
+    count: int = 0
+    # Neumaier compensation terms for the scalar sums (whole-tensor case).
+    _ss_carry: float = field(default=0.0, repr=False)
+    _abs_carry: float = field(default=0.0, repr=False)
+
+    def __post_init__(self) -> None:
+        self.shape = tuple(int(n) for n in self.shape)
+        if self.sum_of_squares is None:
+            target = () if self.axes is None else reduced_shape(self.shape, self.axes)
+            self.sum_of_squares = np.zeros(target, dtype=np.float64)
+
+    @classmethod
+    def empty(cls, shape: Sequence[int], axes: object = None) -> "TensorStats":
+        """Statistics of nothing yet, for a tensor of ``shape`` reduced over ``axes``."""
+        return cls(tuple(shape), normalize_axes(axes, len(shape)))
+
+    @classmethod
+    def of(cls, array: np.ndarray, axes: object = None) -> "TensorStats":
+        """Statistics of a whole in-memory array."""
+        array = np.asarray(array)
+        stats = cls.empty(array.shape, axes)
+        stats.add(array)
+        return stats
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def complete(self) -> bool:
+        """True once every element of the tensor has been added exactly once."""
+        return self.count == self.size
+
+    @property
+    def total_sum_of_squares(self) -> float:
+        """Sum of squares over the whole tensor, whatever ``axes`` is."""
+        if self.axes is None:
+            return float(self.sum_of_squares) + self._ss_carry
+        return float(np.sum(self.sum_of_squares))
+
+    @property
+    def norm(self) -> float:
+        """L2 norm of the whole tensor."""
+        return float(np.sqrt(self.total_sum_of_squares))
+
+    @property
+    def nonfinite_count(self) -> int:
+        return self.nan_count + self.inf_count
+
+    def slice_norms(self) -> np.ndarray:
+        """L2 norm per slice (keepdims shape); a 0-d array when axes is None."""
+        if self.axes is None:
+            return np.sqrt(np.asarray(self.total_sum_of_squares))
+        return np.sqrt(self.sum_of_squares)
+
+    def add(self, piece: np.ndarray, index: Index | None = None) -> None:
+        """Add one block of the tensor; ``index`` locates it (None: the whole tensor)."""
+        piece = np.asarray(piece)
+        if index is None and piece.shape != self.shape:
+            raise ValueError(f"piece of shape {piece.shape} given without an index "
+                             f"for a tensor of shape {self.shape}")
+        if piece.size == 0:
+            return
+        if self.axes is None:
+            self._add_whole(piece)
+        else:
+            self._add_per_slice(piece, index)
+        self.count += piece.size
+
+    def _add_whole(self, piece: np.ndarray) -> None:
+        flat = piece.reshape(-1)
+        for start in range(0, flat.size, CHUNK_ELEMENTS):
+            x = _as_float64(flat[start : start + CHUNK_ELEMENTS])
+            if x.dtype == np.complex128:
+                pairs = x.view(np.float64)
+                sum_sq = float(np.dot(pairs, pairs))
+                magnitude = np.abs(x)
+            else:
+                sum_sq = float(np.dot(x, x))
+                magnitude = np.abs(x, out=x)
+            self._add_sum_of_squares(sum_sq)
+            self._add_magnitudes(magnitude, finite=np.isfinite(sum_sq))
+
+    def _add_per_slice(self, piece: np.ndarray, index: Index | None) -> None:
+        x = _as_float64(piece)
+        squares = (x * x.conj()).real if x.dtype == np.complex128 else np.square(x)
+        block = np.sum(squares, axis=self.axes, keepdims=True)
+        self.sum_of_squares[kept_index(index, len(self.shape), self.axes)] += block
+        self._add_magnitudes(np.abs(x), finite=bool(np.isfinite(block).all()))
+
+    def _add_sum_of_squares(self, value: float) -> None:
+        total = float(self.sum_of_squares)
+        new_total = total + value
+        if np.isfinite(new_total):
+            # Neumaier: keep the low-order bits that the addition dropped.
+            if abs(total) >= abs(value):
+                self._ss_carry += (total - new_total) + value
+            else:
+                self._ss_carry += (value - new_total) + total
+        self.sum_of_squares = np.asarray(new_total)
+
+    def _add_magnitudes(self, magnitude: np.ndarray, *, finite: bool) -> None:
+        if not finite:
+            nans = int(np.count_nonzero(np.isnan(magnitude)))
+            self.nan_count += nans
+            self.inf_count += int(np.count_nonzero(np.isinf(magnitude)))
+            if nans:
+                magnitude = magnitude[~np.isnan(magnitude)]
+        if magnitude.size:
+            self.max_abs = max(self.max_abs, float(magnitude.max()))
+            part = float(magnitude.sum())
+            new_total = self.sum_abs + part
+            if np.isfinite(new_total):
+                if abs(self.sum_abs) >= abs(part):
+                    self._abs_carry += (self.sum_abs - new_total) + part
+                else:
+                    self._abs_carry += (part - new_total) + self.sum_abs
+            self.sum_abs = new_total
+
+    @property
+    def l1_norm(self) -> float:
+        """Sum of ``|x|`` over the non-NaN elements."""
+        return self.sum_abs + self._abs_carry
+
+    def merge(self, other: "TensorStats") -> "TensorStats":
+        """Statistics of the union of two disjoint parts of the same tensor."""
+        if other.shape != self.shape or other.axes != self.axes:
+            raise ValueError(
+                f"cannot merge statistics of shape {other.shape} axes {other.axes} "
+                f"into shape {self.shape} axes {self.axes}"
+            )
+        merged = TensorStats(self.shape, self.axes, np.array(self.sum_of_squares, copy=True))
+        merged.sum_abs, merged._abs_carry = self.sum_abs, self._abs_carry
+        merged.max_abs = self.max_abs
+        merged.nan_count, merged.inf_count = self.nan_count, self.inf_count
+        merged.count, merged._ss_carry = self.count, self._ss_carry
+        if self.axes is None:
+            merged._add_sum_of_squares(float(other.sum_of_squares))
+            merged._ss_carry += other._ss_carry
+        else:
+            merged.sum_of_squares += other.sum_of_squares
+        merged.sum_abs += other.sum_abs
+        merged._abs_carry += other._abs_carry
+        merged.max_abs = max(self.max_abs, other.max_abs)
+        merged.nan_count += other.nan_count
+        merged.inf_count += other.inf_count
+        merged.count += other.count
+        return merged
