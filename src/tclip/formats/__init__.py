@@ -1,0 +1,166 @@
+"""The format layer: open any tensor file for reading, create a writer like it.
+
+Formats are detected by content (magic bytes) first, then by suffix; the output
+format follows the output path's suffix, so writing ``x.safetensors`` from an
+.npz converts it.
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+from typing import Any
+
+from ..errors import FormatError, TclipError
+from .base import (
+    DEFAULT_BLOCK_BYTES,
+    AtomicOutput,
+    Index,
+    TensorInfo,
+    TensorReader,
+    TensorWriter,
+)
+from .hdf5 import SIGNATURE as HDF5_SIGNATURE
+from .hdf5 import Hdf5Reader, Hdf5Writer
+from .npy import MAGIC as NPY_MAGIC
+from .npy import NpyReader, NpyWriter
+from .npz import NpzReader, NpzWriter
+from .safetensors import SafetensorsReader, SafetensorsWriter
+
+__all__ = [
+    "DEFAULT_BLOCK_BYTES",
+    "Index",
+    "TensorInfo",
+    "TensorReader",
+    "TensorWriter",
+    "detect_format",
+    "format_for_suffix",
+    "open_reader",
+    "create_writer",
+    "SUFFIXES",
+]
+
+READERS: dict[str, type[TensorReader]] = {
+    "npy": NpyReader,
+    "npz": NpzReader,
+    "safetensors": SafetensorsReader,
+    "hdf5": Hdf5Reader,
+}
+WRITERS: dict[str, type[TensorWriter]] = {
+    "npy": NpyWriter,
+    "npz": NpzWriter,
+    "safetensors": SafetensorsWriter,
+    "hdf5": Hdf5Writer,
+}
+SUFFIXES = {".npy": "npy", ".npz": "npz", ".safetensors": "safetensors", ".h5": "hdf5", ".hdf5": "hdf5"}
+
+
+def format_for_suffix(path: Path) -> str | None:
+    return SUFFIXES.get(Path(path).suffix.lower())
+
+
+def _sniff(head: bytes, size: int) -> str | None:
+    if head.startswith(NPY_MAGIC):
+        return "npy"
+    if head.startswith((b"PK\x03\x04", b"PK\x05\x06")):
+        return "npz"
+    if head.startswith(HDF5_SIGNATURE):
+        return "hdf5"
+    if len(head) >= 9:
+        (header_length,) = struct.unpack("<Q", head[:8])
+        if 8 + header_length <= size and head[8:9] == b"{":
+            return "safetensors"
+    return None
+
+
+def detect_format(path: Path) -> str:
+    """The format of a file by its first bytes, else by its suffix."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(16)
+            size = path.stat().st_size
+            found = _sniff(head, size)
+            if found is None and size >= 520:
+                # HDF5 may sit behind a user block of 512, 1024, 2048... bytes.
+                offset = 512
+                while offset + 8 <= size and found is None:
+                    handle.seek(offset)
+                    if handle.read(8) == HDF5_SIGNATURE:
+                        found = "hdf5"
+                    offset *= 2
+    except IsADirectoryError:
+        raise TclipError("is a directory", path) from None
+    except FileNotFoundError:
+        raise TclipError("no such file", path) from None
+    except PermissionError:
+        raise TclipError("permission denied", path) from None
+    except OSError as error:
+        raise TclipError(f"cannot read ({error.strerror or error})", path) from None
+    if found is None:
+        found = format_for_suffix(path)
+    if found is None:
+        raise FormatError("not a tensor file tclip knows (.npy, .npz, .safetensors, .h5/.hdf5)", path)
+    return found
+
+
+def open_reader(path: Path | str) -> TensorReader:
+    """Open a tensor file lazily; raises a TclipError naming the file when it cannot."""
+    path = Path(path)
+    kind = detect_format(path)
+    try:
+        return READERS[kind](path)
+    except TclipError:
+        raise
+    except MemoryError:
+        raise FormatError("a size in the header is impossibly large", path) from None
+    except OSError as error:
+        raise TclipError(f"cannot read ({error.strerror or error})", path) from None
+
+
+def create_writer(
+    target: Path | str,
+    like: TensorReader,
+    *,
+    tensors: list[TensorInfo] | None = None,
+    overwrite: bool = False,
+    metadata: dict[str, Any] | None = None,
+) -> TensorWriter:
+    """A writer for ``target`` (format by suffix) holding ``like``'s tensors and metadata.
+
+    Nothing appears at ``target`` until :meth:`TensorWriter.commit`; an existing
+    target is refused unless ``overwrite``. The source file's permissions carry
+    over when it is rewritten in place.
+    """
+    target = Path(target)
+    kind = format_for_suffix(target)
+    if kind is None:
+        raise TclipError("unknown output format: use .npy, .npz, .safetensors, .h5 or .hdf5", target)
+    tensors = list(like.tensors.values()) if tensors is None else tensors
+    same_file = target.exists() and like.path.exists() and target.resolve() == like.path.resolve()
+    output = AtomicOutput(target, overwrite=overwrite, mode_from=like.path if same_file or True else None)
+    try:
+        if kind in ("safetensors", "hdf5"):
+            carry = metadata
+            if carry is None and like.format_name != kind:
+                carry = _portable_metadata(like.metadata) if like.metadata else None
+            return WRITERS[kind](target, tensors, output, like=like, metadata=carry)  # type: ignore[call-arg]
+        return WRITERS[kind](target, tensors, output, like=like)  # type: ignore[call-arg]
+    except TclipError as error:
+        output.abort()
+        if error.path is None:
+            raise type(error)(error.detail, target) from None
+        raise
+    except BaseException:
+        output.abort()
+        raise
+
+
+def _portable_metadata(metadata: dict[str, Any]) -> dict[str, str]:
+    """Metadata as strings, the only values safetensors can hold."""
+    import json
+
+    out = {}
+    for key, value in metadata.items():
+        out[str(key)] = value if isinstance(value, str) else json.dumps(value, default=str)
+    return out

@@ -1,0 +1,237 @@
+"""HDF5 files through h5py: every numeric dataset is a tensor named by its path.
+
+A rewrite reproduces the file around the tensors: the group tree, attributes on
+the root, groups and datasets, soft and external links, and every dataset's
+creation properties (chunking, compression filters, fill value) — rewritten
+tensors are created with the source dataset's own creation property list, and
+everything tclip does not rewrite (strings, compound data, untouched tensors) is
+copied with HDF5's own object copy.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from ..dtypes import ML_FLOAT_TYPES
+from ..errors import FormatError, UnsupportedError
+from .base import AtomicOutput, Index, TensorInfo, TensorReader, TensorWriter, layout_blocks
+
+SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+_H5_ERRORS = (OSError, ValueError, RuntimeError, KeyError, TypeError)
+
+
+def _is_numeric(dataset: h5py.Dataset) -> bool:
+    dtype = dataset.dtype
+    if dataset.shape is None or h5py.check_enum_dtype(dtype) is not None:
+        return False
+    if h5py.check_vlen_dtype(dtype) is not None or h5py.check_string_dtype(dtype) is not None:
+        return False
+    return dtype.kind in "biufc" and dtype.fields is None
+
+
+def attributes(obj: h5py.HLObject) -> dict[str, Any]:
+    """An object's attributes as plain values (for reports), in the file's order."""
+    out: dict[str, Any] = {}
+    for key in obj.attrs:
+        try:
+            value = obj.attrs[key]
+        except _H5_ERRORS:
+            value = "<unreadable>"
+        if isinstance(value, bytes):
+            value = value.decode("utf-8", "replace")
+        elif isinstance(value, np.ndarray):
+            value = value.tolist()
+        elif isinstance(value, np.generic):
+            value = value.item()
+        out[key] = value
+    return out
+
+
+class Hdf5Reader(TensorReader):
+    format_name = "hdf5"
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        try:
+            self.file = h5py.File(path, "r")
+        except _H5_ERRORS as error:
+            raise FormatError(f"not a valid HDF5 file ({_first_line(error)})", path) from None
+        try:
+            self.metadata = attributes(self.file)
+            self.file.visititems(self._visit)
+        except FormatError:
+            self.file.close()
+            raise
+        except _H5_ERRORS as error:
+            self.file.close()
+            raise FormatError(f"cannot read the file's structure ({_first_line(error)})", path) from None
+
+    def _visit(self, name: str, obj: Any) -> None:
+        if not isinstance(obj, h5py.Dataset):
+            return
+        if not _is_numeric(obj):
+            return
+        self.tensors[name] = TensorInfo(name, tuple(obj.shape), obj.dtype, attrs=attributes(obj))
+
+    def close(self) -> None:
+        try:
+            self.file.close()
+        except _H5_ERRORS:
+            pass
+
+    def blocks(self, name: str, max_bytes: int = 8 << 20) -> Any:
+        dataset = self.file[name]
+        if dataset.chunks is None or dataset.size == 0:
+            return layout_blocks(self.tensors[name], max_bytes)
+        return self._chunk_blocks(dataset, max_bytes)
+
+    @staticmethod
+    def _chunk_blocks(dataset: h5py.Dataset, max_bytes: int) -> Any:
+        # Whole chunks, in the file's chunk order, so each is decompressed once.
+        yield from dataset.iter_chunks()
+
+    def read(self, name: str, index: Index | None = None) -> np.ndarray:
+        dataset = self.file[name]
+        try:
+            data = dataset[()] if index is None or not index else dataset[index]
+        except _H5_ERRORS as error:
+            raise FormatError(f"tensor {name!r} cannot be read ({_first_line(error)}); "
+                              "the file may be truncated or corrupt", self.path) from None
+        return np.asarray(data)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def copy_attributes(source: h5py.HLObject, target: h5py.HLObject, path: Path) -> None:
+    """Copy every attribute with its exact stored type."""
+    for key in source.attrs:
+        try:
+            value = source.attrs[key]
+            if isinstance(value, h5py.Empty):
+                target.attrs[key] = value
+            else:
+                target.attrs.create(key, value, dtype=source.attrs.get_id(key).dtype)
+        except _H5_ERRORS as error:
+            raise UnsupportedError(f"attribute {key!r} of {source.name} cannot be copied "
+                                   f"({_first_line(error)})", path) from None
+
+
+class Hdf5Writer(TensorWriter):
+    format_name = "hdf5"
+
+    def __init__(self, target: Path, tensors: list[TensorInfo], output: AtomicOutput,
+                 like: TensorReader | None = None, metadata: dict[str, Any] | None = None) -> None:
+        super().__init__(target, tensors, output)
+        for info in tensors:
+            if info.dtype.type in ML_FLOAT_TYPES:
+                raise UnsupportedError(f"HDF5 has no {info.dtype.name} type (tensor {info.name!r}); "
+                                       "write .safetensors instead", target)
+            if not info.numeric:
+                raise UnsupportedError(f"tensor {info.name!r} of dtype {info.dtype} cannot be written to HDF5",
+                                       target)
+        self._like = like if isinstance(like, Hdf5Reader) else None
+        self._datasets: dict[str, h5py.Dataset] = {}
+        try:
+            if self._like is not None:
+                source = self._like.file
+                plist = source.id.get_create_plist()
+                self.file = h5py.File(output.temp, "w", userblock_size=source.userblock_size or None,
+                                      track_order=bool(plist.get_link_creation_order()))
+                copy_attributes(source, self.file, target)
+                self._replicate(source, self.file, {})
+            else:
+                self.file = h5py.File(output.temp, "w")
+                for key, value in (metadata or {}).items():
+                    self.file.attrs[key] = value
+        except BaseException:
+            self._close_quietly()
+            raise
+
+    def _replicate(self, source: h5py.Group, target: h5py.Group, seen: dict[Any, str]) -> None:
+        """Recreate the tree under ``source`` except the tensors, which come later."""
+        for key in source:
+            link = source.get(key, getlink=True)
+            if isinstance(link, h5py.SoftLink):
+                target[key] = h5py.SoftLink(link.path)
+                continue
+            if isinstance(link, h5py.ExternalLink):
+                target[key] = h5py.ExternalLink(link.filename, link.path)
+                continue
+            obj = source[key]
+            address = obj.id  # h5py object ids compare equal for hard links to one object
+            if address in seen:  # a second hard link to an object already created
+                target[key] = target.file[seen[address]]
+                continue
+            name = obj.name.lstrip("/")
+            if isinstance(obj, h5py.Group):
+                plist = obj.id.get_create_plist()
+                group = target.create_group(key, track_order=bool(plist.get_link_creation_order()))
+                copy_attributes(obj, group, self.target)
+                seen[address] = group.name
+                self._replicate(obj, group, seen)
+            elif isinstance(obj, h5py.Dataset) and name in self.tensors:
+                seen[address] = "/" + name  # created on first write or copy
+            else:
+                source.copy(obj, target, name=key)
+                seen[address] = target[key].name
+
+    def _dataset(self, name: str) -> h5py.Dataset:
+        dataset = self._datasets.get(name)
+        if dataset is not None:
+            return dataset
+        info = self.tensors[name]
+        parent_name, base = posixpath.split(name)
+        parent = self.file.require_group(parent_name) if parent_name else self.file
+        if self._like is not None and name in self._like.tensors:
+            source = self._like.file[name]
+            # The source's creation property list carries chunking, filters and fill value.
+            dsid = h5py.h5d.create(parent.id, base.encode(), source.id.get_type(), source.id.get_space(),
+                                   dcpl=source.id.get_create_plist())
+            dataset = h5py.Dataset(dsid)
+            copy_attributes(source, dataset, self.target)
+        else:
+            dataset = parent.create_dataset(base, shape=info.shape, dtype=info.dtype)
+        self._datasets[name] = dataset
+        return dataset
+
+    def blocks(self, name: str, max_bytes: int = 8 << 20) -> Any:
+        if self._like is not None and name in self._like.tensors:
+            return self._like.blocks(name, max_bytes)
+        return layout_blocks(self.tensors[name], max_bytes)
+
+    def write(self, name: str, index: Index, data: np.ndarray) -> None:
+        dataset = self._dataset(name)
+        if dataset.shape == ():
+            dataset[()] = data
+        else:
+            dataset[index] = data
+
+    def copy_tensor(self, reader: TensorReader, name: str, max_bytes: int = 8 << 20) -> None:
+        if isinstance(reader, Hdf5Reader) and reader is self._like and name not in self._datasets:
+            parent_name, base = posixpath.split(name)
+            parent = self.file.require_group(parent_name) if parent_name else self.file
+            reader.file.copy(reader.file[name], parent, name=base)
+            self._datasets[name] = parent[base]
+            return
+        super().copy_tensor(reader, name, max_bytes)
+
+    def _finish(self) -> None:
+        for name in self.tensors:  # empty tensors never receive a block
+            self._dataset(name)
+        self.file.flush()
+        self.file.close()
+
+    def _close_quietly(self) -> None:
+        try:
+            self.file.close()
+        except Exception:  # the file is being thrown away
+            pass

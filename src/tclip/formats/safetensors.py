@@ -1,0 +1,252 @@
+"""safetensors files: an 8-byte header length, a JSON header, then raw little-endian data.
+
+The header is parsed and validated here rather than by the ``safetensors``
+library because its NumPy loader cannot represent float8 (``numpy has no
+attribute float8_e4m3fn``) and its writer needs every tensor in memory at once;
+tclip reads and writes tensors in blocks. The files written are checked against
+the library in the tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from ..errors import FormatError, UnsupportedError
+from .base import (
+    AtomicOutput,
+    Index,
+    RegionSource,
+    SequentialBlocks,
+    TensorInfo,
+    TensorReader,
+    TensorWriter,
+    checked_size,
+    write_all,
+)
+
+MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit
+METADATA_KEY = "__metadata__"
+
+# Every dtype of the format's spec that NumPy or ml_dtypes can hold.
+DTYPES: dict[str, np.dtype] = {
+    "F64": np.dtype("<f8"),
+    "F32": np.dtype("<f4"),
+    "F16": np.dtype("<f2"),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
+    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
+    "I8": np.dtype("i1"),
+    "I16": np.dtype("<i2"),
+    "I32": np.dtype("<i4"),
+    "I64": np.dtype("<i8"),
+    "U8": np.dtype("u1"),
+    "U16": np.dtype("<u2"),
+    "U32": np.dtype("<u4"),
+    "U64": np.dtype("<u8"),
+    "BOOL": np.dtype("?"),
+    "C64": np.dtype("<c8"),
+}
+if hasattr(ml_dtypes, "float8_e8m0fnu"):
+    DTYPES["F8_E8M0"] = np.dtype(ml_dtypes.float8_e8m0fnu)
+
+
+def dtype_code(dtype: np.dtype) -> str:
+    """The header's name for a NumPy dtype (byte order ignored: data is written little-endian)."""
+    little = dtype.newbyteorder("<") if dtype.byteorder not in ("|", "=") else dtype
+    for code, candidate in DTYPES.items():
+        if candidate == little or candidate == dtype:
+            return code
+    raise UnsupportedError(f"safetensors has no dtype for {dtype.name}")
+
+
+def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise ValueError(f"key {key!r} appears twice")
+        result[key] = value
+    return result
+
+
+class SafetensorsReader(TensorReader):
+    format_name = "safetensors"
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.offsets: dict[str, int] = {}  # tensor name -> file offset of its data
+        self._file = open(path, "rb")
+        try:
+            self._parse()
+        except BaseException:
+            self._file.close()
+            raise
+        self._source = RegionSource(self._file.fileno(), self.path)
+
+    def _parse(self) -> None:
+        path = self.path
+        file_size = os.fstat(self._file.fileno()).st_size
+        prefix = self._file.read(8)
+        if len(prefix) != 8:
+            raise FormatError("not a safetensors file: shorter than its 8-byte header length", path)
+        (header_length,) = struct.unpack("<Q", prefix)
+        if header_length > MAX_HEADER_BYTES:
+            raise FormatError(f"header length {header_length} exceeds the limit of {MAX_HEADER_BYTES} bytes", path)
+        if 8 + header_length > file_size:
+            raise FormatError(f"header length {header_length} runs past the end of the file ({file_size} bytes)", path)
+        raw = self._file.read(header_length)
+        try:
+            header = json.loads(raw.decode("utf-8"), object_pairs_hook=_reject_duplicates)
+        except (UnicodeDecodeError, ValueError) as error:
+            raise FormatError(f"header is not valid JSON ({error})", path) from None
+        if not isinstance(header, dict):
+            raise FormatError("header is not a JSON object", path)
+        self.header_bytes = prefix + raw
+        self.data_start = 8 + header_length
+        data_size = file_size - self.data_start
+        metadata = header.pop(METADATA_KEY, None)
+        if metadata is not None:
+            if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+                raise FormatError("__metadata__ must map strings to strings", path)
+            self.metadata = dict(metadata)
+        entries = []
+        for name, entry in header.items():
+            entries.append((name, *self._check_entry(name, entry, data_size)))
+        entries.sort(key=lambda e: (e[3], e[4]))
+        position = 0
+        for name, dtype, shape, begin, end in entries:
+            if begin < position:
+                raise FormatError(f"tensor {name!r}: data_offsets [{begin}, {end}] overlap the previous tensor", path)
+            if begin > position:
+                raise FormatError(f"tensor {name!r}: {begin - position} bytes before it belong to no tensor", path)
+            position = end
+            self.tensors[name] = TensorInfo(name, shape, dtype)
+            self.offsets[name] = self.data_start + begin
+        if position != data_size:
+            raise FormatError(f"the data is {data_size} bytes but the tensors cover {position}", path)
+
+    def _check_entry(self, name: str, entry: Any, data_size: int) -> tuple[np.dtype, tuple[int, ...], int, int]:
+        path = self.path
+        if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= entry.keys():
+            raise FormatError(f"tensor {name!r}: expected dtype, shape and data_offsets", path)
+        code = entry["dtype"]
+        if code not in DTYPES:
+            raise FormatError(f"tensor {name!r}: unknown dtype {code!r}", path)
+        shape, offsets = entry["shape"], entry["data_offsets"]
+        if not isinstance(shape, list):
+            raise FormatError(f"tensor {name!r}: invalid shape {shape!r}", path)
+        nbytes = checked_size(tuple(shape), DTYPES[code].itemsize, path, name)
+        if (not isinstance(offsets, list) or len(offsets) != 2
+                or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)):
+            raise FormatError(f"tensor {name!r}: invalid data_offsets {offsets!r}", path)
+        begin, end = offsets
+        if not 0 <= begin <= end:
+            raise FormatError(f"tensor {name!r}: invalid data_offsets {offsets!r}", path)
+        if end > data_size:
+            raise FormatError(f"tensor {name!r}: data_offsets {offsets!r} run past the end of the data "
+                              f"({data_size} bytes); the file is truncated", path)
+        if end - begin != nbytes:
+            raise FormatError(f"tensor {name!r}: shape {shape} of {code} needs {nbytes} bytes, "
+                              f"data_offsets give {end - begin}", path)
+        return DTYPES[code], tuple(shape), begin, end
+
+    def close(self) -> None:
+        self._file.close()
+
+    def read(self, name: str, index: Index | None = None) -> np.ndarray:
+        return self._source.read(self.offsets[name], self.tensors[name], index)
+
+    def raw_range(self, name: str) -> tuple[int, int]:
+        """(file offset, byte count) of a tensor's data."""
+        return self.offsets[name], self.tensors[name].nbytes
+
+
+class SafetensorsWriter(TensorWriter):
+    format_name = "safetensors"
+
+    def __init__(self, target: Path, tensors: list[TensorInfo], output: AtomicOutput,
+                 like: TensorReader | None = None, metadata: dict[str, str] | None = None) -> None:
+        little = [TensorInfo(t.name, t.shape, self._little_endian(t, target), numeric=t.numeric) for t in tensors]
+        super().__init__(target, little, output)
+        self._blocks = SequentialBlocks(self)
+        self._order = [t.name for t in little]
+        self._position = 0
+        if isinstance(like, SafetensorsReader) and [like.tensors.get(t.name) for t in little] == little \
+                and len(like.tensors) == len(little) and metadata is None:
+            header = like.header_bytes  # byte-identical rewrite of a canonical file
+        else:
+            header = self._header(little, metadata if metadata is not None else {})
+        self._file = open(output.temp, "wb")
+        self._file.write(header)
+
+    @staticmethod
+    def _little_endian(info: TensorInfo, target: Path) -> np.dtype:
+        if not info.numeric:
+            raise UnsupportedError(f"tensor {info.name!r} of dtype {info.dtype} has no safetensors dtype", target)
+        dtype_code(info.dtype)  # raises for dtypes the format lacks
+        return info.dtype.newbyteorder("<") if info.dtype.byteorder == ">" else info.dtype
+
+    @staticmethod
+    def _header(tensors: list[TensorInfo], metadata: dict[str, str]) -> bytes:
+        header: dict[str, Any] = {}
+        if metadata:
+            header[METADATA_KEY] = {str(k): str(v) for k, v in metadata.items()}
+        position = 0
+        for info in tensors:
+            header[info.name] = {"dtype": dtype_code(info.dtype), "shape": list(info.shape),
+                                 "data_offsets": [position, position + info.nbytes]}
+            position += info.nbytes
+        text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        text += b" " * (-len(text) % 8)  # pad so the data starts 8-byte aligned, as the library does
+        return struct.pack("<Q", len(text)) + text
+
+    def _advance_to(self, name: str) -> None:
+        target = self._order.index(name)
+        if target < self._position:
+            raise FormatError(f"internal error: tensor {name!r} written out of order", self.target)
+        while self._position < target:
+            self._close_tensor()
+
+    def _close_tensor(self) -> None:
+        name = self._order[self._position]
+        if self._blocks.expected.get(name, 0) != self.tensors[name].size:
+            raise FormatError(f"internal error: tensor {name!r} incomplete", self.target)
+        self._position += 1
+
+    def write(self, name: str, index: Index, data: np.ndarray) -> None:
+        self._advance_to(name)
+        info = self.tensors[name]
+        self._blocks.check(info, index)
+        write_all(self._file, np.asarray(data).astype(info.dtype, copy=False))
+
+    def copy_tensor(self, reader: TensorReader, name: str, max_bytes: int = 8 << 20) -> None:
+        if not isinstance(reader, SafetensorsReader):
+            return super().copy_tensor(reader, name, max_bytes)
+        # Untouched tensors are copied byte for byte from the source file.
+        self._advance_to(name)
+        info = self.tensors[name]
+        self._blocks.check(info, tuple(slice(0, n) for n in info.shape))
+        offset, remaining = reader.raw_range(name)
+        self._file.flush()
+        while remaining:
+            chunk = os.pread(reader._file.fileno(), min(remaining, max_bytes), offset)
+            if not chunk:
+                raise FormatError(f"tensor {name!r}: file is truncated", reader.path)
+            self._file.write(chunk)
+            offset += len(chunk)
+            remaining -= len(chunk)
+
+    def _finish(self) -> None:
+        while self._position < len(self._order):
+            self._close_tensor()
+        self._file.flush()
+        self._file.close()
+
+    def _close_quietly(self) -> None:
+        self._file.close()
