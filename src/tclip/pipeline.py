@@ -1,0 +1,465 @@
+"""The work on one file: pass 1 (statistics), the plan, pass 2 (the rewrite).
+
+These functions are the library behind every command: ``clip_file`` clips a
+file and returns its report, ``report_file`` only reads, ``file_info`` reads the
+header alone. They know formats only through the reader/writer protocol and
+clipping only through :mod:`tclip.stats` and :mod:`tclip.plan`.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .dtypes import dtype_name, is_bool, is_floating
+from .errors import NonFiniteError, TclipError
+from .formats import DEFAULT_BLOCK_BYTES, TensorInfo, TensorReader, TensorWriter, create_writer, open_reader
+from .plan import (
+    AverageNormClip,
+    GlobalNormClip,
+    Mode,
+    NormClip,
+    ValueClip,
+    apply_scale,
+    clip_values,
+    plan_scales,
+    scale_for_piece,
+    stats_axes,
+    value_bounds,
+)
+from .report import FileReport, InfoReport, InfoTensor, TensorReport
+from .stats import TensorStats
+
+Progress = Callable[[int], None]
+
+# A tensor up to this size is read once and kept in memory between its two
+# passes; a larger one is read twice (statistics, then the rewrite).
+IN_MEMORY_TENSOR_BYTES = 32 << 20
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which tensors to work on, by shell-style globs over their names."""
+
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+
+    def matches(self, name: str) -> bool:
+        if self.include and not any(fnmatch.fnmatchcase(name, p) for p in self.include):
+            return False
+        return not any(fnmatch.fnmatchcase(name, p) for p in self.exclude)
+
+
+@dataclass(frozen=True)
+class ClipOptions:
+    """How :func:`clip_file` writes its result and treats awkward tensors.
+
+    Attributes:
+        output: the output path (its suffix picks the format); default
+            ``NAME.clipped.EXT`` beside the input, or in ``out_dir``.
+        in_place: replace the input itself (atomically).
+        overwrite: replace an existing output.
+        nonfinite: "error" refuses a file whose selected tensors hold NaN/Inf,
+            "propagate" computes TensorFlow's result.
+        strict: tensors whose rank cannot take ``--axes`` are an error, not skipped.
+        dry_run: compute the report, write nothing.
+    """
+
+    output: Path | None = None
+    out_dir: Path | None = None
+    in_place: bool = False
+    overwrite: bool = False
+    selection: Selection = field(default_factory=Selection)
+    nonfinite: str = "error"
+    strict: bool = False
+    dry_run: bool = False
+    block_bytes: int = DEFAULT_BLOCK_BYTES
+
+
+def default_output(path: Path, out_dir: Path | None = None) -> Path:
+    """``grads.npz`` -> ``grads.clipped.npz`` beside it, or ``out_dir/grads.npz``."""
+    path = Path(path)
+    if out_dir is not None:
+        return Path(out_dir) / path.name
+    return path.with_name(f"{path.stem}.clipped{path.suffix}")
+
+
+def mode_params(mode: Mode) -> dict[str, object]:
+    if isinstance(mode, ValueClip):
+        return {"min": mode.clip_value_min, "max": mode.clip_value_max}
+    params: dict[str, object] = {"clip": mode.clip_norm}
+    if isinstance(mode, NormClip):
+        axes = mode.axes
+        params["axes"] = None if axes is None else ([axes] if isinstance(axes, int) else list(axes))
+    if isinstance(mode, GlobalNormClip):
+        params["use_norm"] = mode.use_norm
+    return params
+
+
+def axes_problem(ndim: int, axes: object) -> str | None:
+    """Why a tensor of rank ``ndim`` cannot take ``axes`` (None if it can)."""
+    if axes is None:
+        return None
+    items = [axes] if isinstance(axes, int) else list(axes)  # type: ignore[call-overload]
+    seen: dict[int, int] = {}
+    for axis in items:
+        if not -ndim <= axis < ndim:
+            return f"rank {ndim} has no axis {axis}"
+        if axis % ndim in seen:
+            return f"axes {seen[axis % ndim]} and {axis} are the same axis at rank {ndim}"
+        seen[axis % ndim] = axis
+    return None
+
+
+def _skip_reason(info: TensorInfo, mode: Mode | None, selection: Selection) -> str | None:
+    if not selection.matches(info.name):
+        return "not selected"
+    if not info.numeric:
+        return f"{info.dtype} is not numeric"
+    if mode is not None and not is_floating(info.dtype):
+        return f"{dtype_name(info.dtype)} is not floating-point"
+    if isinstance(mode, NormClip):
+        return axes_problem(len(info.shape), mode.axes)
+    return None
+
+
+def _start_report(reader: TensorReader, path: Path, mode_name: str, params: dict[str, object]) -> FileReport:
+    report = FileReport(file=str(path), mode=mode_name, params=params, format=reader.format_name)
+    for info in reader.tensors.values():
+        report.tensors.append(TensorReport(info.name, list(info.shape), dtype_name(info.dtype), info.nbytes))
+    return report
+
+
+def tensor_statistics(reader: TensorReader, name: str, axes: object = None, *,
+                      block_bytes: int = DEFAULT_BLOCK_BYTES, progress: Progress | None = None) -> TensorStats:
+    """Pass 1 for one tensor: statistics accumulated block by block."""
+    info = reader.tensors[name]
+    stats = TensorStats.empty(info.shape, axes)
+    for index, piece in reader.pieces(name, block_bytes):
+        stats.add(piece, index)
+        if progress is not None:
+            progress(piece.nbytes)
+    return stats
+
+
+def _fill_before(entry: TensorReport, stats: TensorStats) -> None:
+    entry.norm = stats.norm
+    entry.nan, entry.inf = stats.nan_count, stats.inf_count
+    entry.max_abs = stats.max_abs
+    if stats.axes is not None:
+        entry.slices = int(stats.sum_of_squares.size)
+        entry.max_slice_norm = float(np.max(stats.slice_norms(), initial=0.0)) if entry.slices else 0.0
+
+
+def _fill_after(entry: TensorReport, after: TensorStats, scale: np.ndarray | None) -> None:
+    entry.norm_after = after.norm
+    if after.axes is not None:
+        entry.max_slice_norm_after = float(np.max(after.slice_norms(), initial=0.0)) if after.size else 0.0
+    if scale is not None:
+        scale = np.asarray(scale, dtype=np.float64)
+        entry.scale = float(np.min(scale)) if scale.size else 1.0
+        entry.clipped = bool(np.any(scale != 1.0))
+        if scale.ndim:
+            entry.slices_clipped = int(np.count_nonzero(scale != 1.0))
+
+
+class _Rewrite:
+    """Pass 2: read blocks, transform them, write them, and gather the after-statistics."""
+
+    def __init__(self, reader: TensorReader, writer: TensorWriter | None, block_bytes: int,
+                 progress: Progress | None) -> None:
+        self.reader, self.writer = reader, writer
+        self.block_bytes, self.progress = block_bytes, progress
+        self.bytes_read = 0
+
+    def blocks(self, name: str) -> Iterable:
+        if self.writer is not None:
+            return self.writer.blocks(name, self.block_bytes)
+        return self.reader.blocks(name, self.block_bytes)
+
+    def tensor(self, name: str, transform: Callable[[tuple, np.ndarray], np.ndarray],
+               axes: object = None, held: np.ndarray | None = None) -> TensorStats:
+        info = self.reader.tensors[name]
+        after = TensorStats.empty(info.shape, axes)
+        for index in self.blocks(name):
+            if held is not None:
+                piece = held[index]
+            else:
+                piece = self.reader.read(name, index)
+                self.bytes_read += piece.nbytes
+                if self.progress is not None:
+                    self.progress(piece.nbytes)
+            out = transform(index, piece)
+            after.add(out, index)
+            if self.writer is not None:
+                self.writer.write(name, index, out)
+        return after
+
+    def copy(self, name: str) -> None:
+        if self.writer is not None:
+            self.writer.copy_tensor(self.reader, name, self.block_bytes)
+            if self.progress is not None:
+                self.progress(self.reader.tensors[name].nbytes)
+
+
+def _resolve_output(path: Path, options: ClipOptions) -> Path:
+    if options.in_place:
+        return path
+    out = Path(options.output) if options.output is not None else default_output(path, options.out_dir)
+    if out.exists() and out.resolve() == path.resolve():
+        raise TclipError("the output would replace the input; use --in-place for that", path)
+    return out
+
+
+def _nonfinite_message(report: FileReport) -> str:
+    parts = []
+    for t in report.tensors:
+        if t.skipped is None and t.nonfinite:
+            counts = [f"{n} {label}" for n, label in ((t.nan, "NaN"), (t.inf, "Inf")) if n]
+            parts.append(f"{t.name} ({', '.join(counts)})")
+    return ("NaN/Inf values in " + ", ".join(parts) + "; nothing was written "
+            "(--nonfinite propagate clips them as TensorFlow does)")
+
+
+def clip_file(path: Path | str, mode: Mode, options: ClipOptions | None = None,
+              progress: Progress | None = None) -> FileReport:
+    """Clip every selected floating tensor of a file and write the result.
+
+    Args:
+        path: the input file (.npy, .npz, .safetensors, .h5/.hdf5).
+        mode: :class:`NormClip`, :class:`AverageNormClip`,
+            :class:`GlobalNormClip` or :class:`ValueClip`.
+        options: output, selection and policies (:class:`ClipOptions`).
+        progress: called with the number of bytes read, as work goes on.
+
+    Returns:
+        The :class:`FileReport`: norms before and after, scales, skips, output.
+
+    Raises:
+        TclipError: the file is unreadable or malformed, the output exists, NaN/Inf
+            were found under ``nonfinite="error"``, or ``strict`` and a tensor's
+            rank cannot take the axes. Nothing is written then.
+
+    Example:
+        >>> report = clip_file("grads.npz", NormClip(5.0, axes=1))  # doctest: +SKIP
+        >>> report.output, report.global_norm_after  # doctest: +SKIP
+    """
+    options = options or ClipOptions()
+    path = Path(path)
+    started = time.perf_counter()
+    if isinstance(mode, ValueClip):
+        value_bounds(np.dtype(np.float64), mode.clip_value_min, mode.clip_value_max)
+    with open_reader(path) as reader:
+        report = _start_report(reader, path, mode.name, mode_params(mode))
+        entries = {t.name: t for t in report.tensors}
+        selected = []
+        for info in reader.tensors.values():
+            reason = _skip_reason(info, mode, options.selection)
+            entries[info.name].skipped = reason
+            if reason is None:
+                selected.append(info.name)
+        rank_skips = [t for t in report.tensors if t.skipped and t.skipped.startswith(("rank ", "axes "))]
+        if rank_skips:
+            listing = ", ".join(f"{t.name} ({t.skipped})" for t in rank_skips)
+            if options.strict:
+                raise TclipError(f"--axes does not fit {len(rank_skips)} tensor(s): {listing}", path)
+            report.warnings.append(f"{len(rank_skips)} tensor(s) left unchanged: {listing}")
+        if not selected:
+            report.warnings.append("no floating-point tensor selected; the output is a copy")
+
+        writer = None
+        if not options.dry_run:
+            out = _resolve_output(path, options)
+            writer = create_writer(out, reader, overwrite=options.overwrite or options.in_place)
+            report.output = str(out)
+        rewrite = _Rewrite(reader, writer, options.block_bytes, progress)
+        refuse_nonfinite = options.nonfinite == "error"
+        try:
+            if isinstance(mode, GlobalNormClip):
+                _clip_global(reader, mode, selected, entries, rewrite, refuse_nonfinite, report)
+            else:
+                _clip_per_tensor(reader, mode, selected, entries, rewrite, refuse_nonfinite, report)
+            if refuse_nonfinite and any(entries[n].nonfinite for n in selected):
+                raise NonFiniteError(_nonfinite_message(report), path)
+            if writer is not None:
+                writer.commit()
+                report.bytes_written = os.stat(report.output).st_size if report.output else 0
+        except BaseException:
+            if writer is not None:
+                writer.abort()
+            report.output = None
+            raise
+        report.bytes_read = rewrite.bytes_read
+        _global_norms(report, selected)
+    report.elapsed_s = time.perf_counter() - started
+    return report
+
+
+def _global_norms(report: FileReport, selected: list[str]) -> None:
+    entries = {t.name: t for t in report.tensors}
+    chosen = [entries[n] for n in selected]
+    report.global_norm = math.sqrt(math.fsum((t.norm or 0.0) ** 2 for t in chosen)) if chosen else 0.0
+    if all(t.norm_after is not None for t in chosen):
+        report.global_norm_after = math.sqrt(math.fsum(t.norm_after ** 2 for t in chosen)) if chosen else 0.0  # type: ignore[operator]
+
+
+def _clip_global(reader: TensorReader, mode: GlobalNormClip, selected: list[str], entries: dict[str, TensorReport],
+                 rewrite: _Rewrite, refuse_nonfinite: bool, report: FileReport) -> None:
+    stats = {}
+    for name in selected:
+        stats[name] = tensor_statistics(reader, name, block_bytes=rewrite.block_bytes, progress=rewrite.progress)
+        rewrite.bytes_read += reader.tensors[name].nbytes
+        _fill_before(entries[name], stats[name])
+    if refuse_nonfinite and any(s.nonfinite_count for s in stats.values()):
+        return  # clip_file raises, naming every tensor
+    scales = plan_scales(mode, stats)
+    for name in reader.tensors:
+        if name not in stats:
+            rewrite.copy(name)
+            continue
+        scale = scales[name]
+        after = rewrite.tensor(name, lambda index, piece, s=scale: apply_scale(piece, s))
+        _fill_after(entries[name], after, scale)
+
+
+def _clip_per_tensor(reader: TensorReader, mode: Mode, selected: list[str], entries: dict[str, TensorReport],
+                     rewrite: _Rewrite, refuse_nonfinite: bool, report: FileReport) -> None:
+    chosen = set(selected)
+    for name, info in reader.tensors.items():
+        entry = entries[name]
+        if name not in chosen:
+            rewrite.copy(name)
+            continue
+        if refuse_nonfinite and any(entries[n].nonfinite for n in selected):
+            # The file is refused already: gather statistics only, to name every bad tensor.
+            _fill_before(entry, tensor_statistics(reader, name, block_bytes=rewrite.block_bytes))
+            continue
+        if isinstance(mode, ValueClip):
+            _clip_values_of(reader, mode, name, entry, rewrite)
+            continue
+        axes = stats_axes(mode, len(info.shape))
+        held = None
+        if info.nbytes <= IN_MEMORY_TENSOR_BYTES:
+            held = reader.read(name)
+            rewrite.bytes_read += held.nbytes
+            if rewrite.progress is not None:
+                rewrite.progress(held.nbytes)
+            stats = TensorStats.empty(info.shape, axes)
+            for index in reader.blocks(name, rewrite.block_bytes):
+                stats.add(held[index], index)
+        else:
+            stats = tensor_statistics(reader, name, axes, block_bytes=rewrite.block_bytes, progress=rewrite.progress)
+            rewrite.bytes_read += info.nbytes
+        _fill_before(entry, stats)
+        if refuse_nonfinite and stats.nonfinite_count:
+            continue
+        scale = plan_scales(mode, {name: stats})[name]
+        ndim = len(info.shape)
+        after = rewrite.tensor(
+            name,
+            lambda index, piece, s=scale: apply_scale(piece, scale_for_piece(s, index, ndim, axes)),
+            axes=axes, held=held)
+        _fill_after(entry, after, scale)
+
+
+def _clip_values_of(reader: TensorReader, mode: ValueClip, name: str, entry: TensorReport,
+                    rewrite: _Rewrite) -> None:
+    info = reader.tensors[name]
+    lo, hi = value_bounds(info.dtype, mode.clip_value_min, mode.clip_value_max)
+    before = TensorStats.empty(info.shape)
+    changed = 0
+
+    def transform(index: tuple, piece: np.ndarray) -> np.ndarray:
+        nonlocal changed
+        before.add(piece, index)
+        out = clip_values(piece, lo, hi)
+        same = (out == piece) | (np.isnan(out.astype(np.float32)) & np.isnan(piece.astype(np.float32)))
+        changed += int(same.size - np.count_nonzero(same))
+        return out
+
+    after = rewrite.tensor(name, transform)
+    _fill_before(entry, before)
+    entry.norm_after = after.norm
+    entry.changed = changed
+    entry.clipped = changed > 0
+
+
+def report_file(path: Path | str, *, axes: object = None, ord: str = "2", selection: Selection | None = None,
+                block_bytes: int = DEFAULT_BLOCK_BYTES, progress: Progress | None = None) -> FileReport:
+    """Read a file and report the norms and statistics of its tensors; writes nothing.
+
+    Args:
+        path: the file.
+        axes: also compute slice norms along these axes (tensors whose rank
+            cannot take them are skipped with the reason).
+        ord: the norm reported: "2" (L2), "1" or "inf" (largest |x|).
+        selection: include/exclude globs.
+
+    Returns:
+        A :class:`FileReport` with mode "report"; ``global_norm`` is of that order
+        over the numeric tensors reported.
+    """
+    path = Path(path)
+    started = time.perf_counter()
+    selection = selection or Selection()
+    params: dict[str, object] = {"ord": ord}
+    if axes is not None:
+        params["axes"] = [axes] if isinstance(axes, int) else list(axes)  # type: ignore[call-overload]
+    with open_reader(path) as reader:
+        report = _start_report(reader, path, "report", params)
+        report.ord = ord
+        report.metadata = dict(reader.metadata)
+        for entry, info in zip(report.tensors, reader.tensors.values()):
+            entry.skipped = _skip_reason(info, None, selection) or axes_problem(len(info.shape), axes)
+            if entry.skipped is None and is_bool(info.dtype):
+                entry.skipped = "bool is not a number"
+            if entry.skipped is not None:
+                continue
+            stats = tensor_statistics(reader, info.name, None if axes is None else axes,
+                                      block_bytes=block_bytes, progress=progress)
+            report.bytes_read += info.nbytes
+            _fill_before(entry, stats)
+            entry.norm = {"2": stats.norm, "1": stats.l1_norm, "inf": stats.max_abs}[ord]
+            if stats.nan_count and ord != "2":
+                entry.norm = math.nan  # as the L2 norm is, so NaN is never hidden
+        counted = [t for t in report.tensors if t.skipped is None]
+        norms = [t.norm or 0.0 for t in counted]
+        if ord == "2":
+            report.global_norm = math.sqrt(math.fsum(n * n for n in norms))
+        elif ord == "1":
+            report.global_norm = math.fsum(norms)
+        else:
+            report.global_norm = max(norms, default=0.0)
+    report.elapsed_s = time.perf_counter() - started
+    return report
+
+
+def file_info(path: Path | str) -> InfoReport:
+    """Names, shapes, dtypes, sizes and metadata from the header alone."""
+    path = Path(path)
+    with open_reader(path) as reader:
+        tensors = [InfoTensor(t.name, list(t.shape), dtype_name(t.dtype), t.nbytes, dict(t.attrs))
+                   for t in reader.tensors.values()]
+        return InfoReport(str(path), reader.format_name, path.stat().st_size, tensors, dict(reader.metadata))
+
+
+__all__ = [
+    "ClipOptions",
+    "Selection",
+    "clip_file",
+    "report_file",
+    "file_info",
+    "tensor_statistics",
+    "default_output",
+    "NormClip",
+    "AverageNormClip",
+    "GlobalNormClip",
+    "ValueClip",
+]
