@@ -1,0 +1,5 @@
+"""``python -m tclip``."""
+
+from .cli import main
+
+main()
