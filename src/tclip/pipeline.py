@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .dtypes import dtype_name, is_bool, is_floating
+from .dtypes import dtype_name, is_floating
 from .errors import NonFiniteError, TclipError
 from .formats import DEFAULT_BLOCK_BYTES, TensorInfo, TensorReader, TensorWriter, create_writer, open_reader
 from .plan import (
@@ -116,6 +116,9 @@ def axes_problem(ndim: int, axes: object) -> str | None:
             return f"axes {seen[axis % ndim]} and {axis} are the same axis at rank {ndim}"
         seen[axis % ndim] = axis
     return None
+
+
+_REPORT = ValueClip(0.0, 0.0)  # stands for "report": it selects what every mode selects
 
 
 def _skip_reason(info: TensorInfo, mode: Mode | None, selection: Selection) -> str | None:
@@ -417,9 +420,8 @@ def report_file(path: Path | str, *, axes: object = None, ord: str = "2", select
         report.ord = ord
         report.metadata = dict(reader.metadata)
         for entry, info in zip(report.tensors, reader.tensors.values()):
-            entry.skipped = _skip_reason(info, None, selection) or axes_problem(len(info.shape), axes)
-            if entry.skipped is None and is_bool(info.dtype):
-                entry.skipped = "bool is not a number"
+            # The same tensors the clipping commands would work on: floating ones.
+            entry.skipped = _skip_reason(info, _REPORT, selection) or axes_problem(len(info.shape), axes)
             if entry.skipped is not None:
                 continue
             stats = tensor_statistics(reader, info.name, None if axes is None else axes,

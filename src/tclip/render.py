@@ -131,7 +131,7 @@ def file_table(report: FileReport, console_width: int = 100) -> Table:
         bar_reference = max(norms, default=0.0) or None
     show_bar = bar_reference is not None
     if show_bar:
-        headers.append((f"vs {fmt_number(threshold)}" if threshold is not None else "log scale", "left"))
+        headers.append((f"vs {fmt_number(threshold)}" if threshold is not None else "vs max", "left"))
 
     rows: list[tuple[TensorReport, list[Text]]] = []
     for t in report.tensors:
@@ -161,10 +161,10 @@ def file_table(report: FileReport, console_width: int = 100) -> Table:
     widths = [max([len(h)] + [c[i].cell_len for _, c in rows if i < len(c)]) for i, (h, _) in enumerate(headers)]
     if show_bar:
         widths[-1] = 0
-    gaps = 2 * len(headers)
+    gaps = 2 * (len(headers) + 1)  # a separator and a right pad per column
     longest = max((len(t.name) for t in report.tensors), default=6)
     room = console_width - sum(widths) - gaps
-    bar_width = max(6, min(BAR_WIDTH, room - min(longest, NAME_WIDTH))) if show_bar else 0
+    bar_width = max(6, min(BAR_WIDTH, room - min(longest, NAME_WIDTH))) if show_bar else 0  # header "vs max" is 6
     name_width = max(12, min(NAME_WIDTH, longest, room - bar_width))
     if show_bar:
         widths[-1] = max(bar_width, len(headers[-1][0]))

@@ -269,7 +269,8 @@ def write_all(handle: BinaryIO, data: np.ndarray, fortran: bool = False) -> None
     array = np.asarray(data)
     if fortran:
         array = array.T
-    handle.write(memoryview(np.ascontiguousarray(array)).cast("B"))
+    # A byte view: memoryview cannot describe ml_dtypes' bfloat16/float8.
+    handle.write(np.ascontiguousarray(array).reshape(-1).view(np.uint8).data)
 
 
 class SequentialBlocks:

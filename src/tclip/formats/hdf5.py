@@ -94,7 +94,8 @@ class Hdf5Reader(TensorReader):
     @staticmethod
     def _chunk_blocks(dataset: h5py.Dataset, max_bytes: int) -> Any:
         # Whole chunks, in the file's chunk order, so each is decompressed once.
-        yield from dataset.iter_chunks()
+        for chunk in dataset.iter_chunks():
+            yield tuple(slice(s.start, s.stop) for s in chunk)
 
     def read(self, name: str, index: Index | None = None) -> np.ndarray:
         dataset = self.file[name]
