@@ -261,6 +261,7 @@ def clip_file(path: Path | str, mode: Mode, options: ClipOptions | None = None,
         value_bounds(np.dtype(np.float64), mode.clip_value_min, mode.clip_value_max)
     with open_reader(path) as reader:
         report = _start_report(reader, path, mode.name, mode_params(mode))
+        report.dry_run = options.dry_run
         entries = {t.name: t for t in report.tensors}
         selected = []
         for info in reader.tensors.values():

@@ -164,8 +164,15 @@ def file_table(report: FileReport, console_width: int = 100) -> Table:
     gaps = 2 * (len(headers) + 1)  # a separator and a right pad per column
     longest = max((len(t.name) for t in report.tensors), default=6)
     room = console_width - sum(widths) - gaps
-    bar_width = max(6, min(BAR_WIDTH, room - min(longest, NAME_WIDTH))) if show_bar else 0  # header "vs max" is 6
-    name_width = max(12, min(NAME_WIDTH, longest, room - bar_width))
+    # Share what is left: names up to 24 cells, the bar up to 10, names up to their
+    # full length (at most 40), then the bar up to 14.
+    name_target = min(longest, NAME_WIDTH)
+    name_width = min(name_target, 24, max(12, room - (6 if show_bar else 0)))
+    bar_width = max(6, min(10, room - name_width)) if show_bar else 0
+    name_width += max(0, min(name_target - name_width, room - name_width - bar_width))
+    if show_bar:
+        bar_width += max(0, min(BAR_WIDTH - bar_width, room - name_width - bar_width))
+    name_width = max(12, name_width)
     if show_bar:
         widths[-1] = max(bar_width, len(headers[-1][0]))
         for t, cells in rows:
