@@ -132,7 +132,8 @@ def test_rendered_report_in_a_fixed_width_console(tmp_path):
     write(source, t)
     text = render(clip_file(source, NormClip(5.0)))
     lines = text.splitlines()
-    assert all(len(line) <= 100 for line in lines)
+    assert lines[0] == f"{source} → {tmp_path / 'g.clipped.npz'}"  # paths are never folded
+    assert all(len(line) <= 100 for line in lines[1:])
     row = next(line for line in lines if line.startswith("model.enc"))
     shown_name = row.split()[0]
     assert "…" in shown_name and shown_name.endswith("value.weight") and len(shown_name) <= 40
@@ -140,7 +141,7 @@ def test_rendered_report_in_a_fixed_width_console(tmp_path):
     assert "global norm 40 → 5" in text
     assert "1 clipped  ·  0 skipped" in text
     narrow = render(clip_file(source, NormClip(5.0), ClipOptions(overwrite=True)), width=80)
-    assert all(len(line) <= 80 for line in narrow.splitlines())
+    assert all(len(line) <= 80 for line in narrow.splitlines()[1:])
     header = next(line for line in narrow.splitlines() if line.startswith("tensor"))
     assert header.rstrip().endswith("vs 5")  # nothing cropped at the right edge
 

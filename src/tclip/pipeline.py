@@ -141,10 +141,11 @@ def _start_report(reader: TensorReader, path: Path, mode_name: str, params: dict
 
 
 def tensor_statistics(reader: TensorReader, name: str, axes: object = None, *,
-                      block_bytes: int = DEFAULT_BLOCK_BYTES, progress: Progress | None = None) -> TensorStats:
+                      block_bytes: int = DEFAULT_BLOCK_BYTES, progress: Progress | None = None,
+                      track_l1: bool = False) -> TensorStats:
     """Pass 1 for one tensor: statistics accumulated block by block."""
     info = reader.tensors[name]
-    stats = TensorStats.empty(info.shape, axes)
+    stats = TensorStats.empty(info.shape, axes, track_l1=track_l1)
     for index, piece in reader.pieces(name, block_bytes):
         stats.add(piece, index)
         if progress is not None:
@@ -426,10 +427,10 @@ def report_file(path: Path | str, *, axes: object = None, ord: str = "2", select
             if entry.skipped is not None:
                 continue
             stats = tensor_statistics(reader, info.name, None if axes is None else axes,
-                                      block_bytes=block_bytes, progress=progress)
+                                      block_bytes=block_bytes, progress=progress, track_l1=ord == "1")
             report.bytes_read += info.nbytes
             _fill_before(entry, stats)
-            entry.norm = {"2": stats.norm, "1": stats.l1_norm, "inf": stats.max_abs}[ord]
+            entry.norm = {"2": stats.norm, "1": stats.l1_norm if ord == "1" else 0.0, "inf": stats.max_abs}[ord]
             if stats.nan_count and ord != "2":
                 entry.norm = math.nan  # as the L2 norm is, so NaN is never hidden
         counted = [t for t in report.tensors if t.skipped is None]

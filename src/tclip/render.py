@@ -183,13 +183,8 @@ def file_table(report: FileReport, console_width: int = 100) -> Table:
             cells[-1] = norm_bar(shown, bar_reference, t.clipped or reading, relative=threshold is None,
                                  width=bar_width)
 
-    title = Text(report.file, style="bold")
-    if report.output:
-        title.append(f" → {report.output}")
-    elif report.dry_run:
-        title.append("  (dry run: nothing written)", style="italic")
-    table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD,
-                  pad_edge=False, show_edge=False, padding=(0, 1, 0, 0))
+    table = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False,
+                  padding=(0, 1, 0, 0))
     table.add_column("tensor", no_wrap=True, min_width=min(name_width, longest))
     for (header, justify), width in zip(headers, widths):
         table.add_column(header, justify=justify, no_wrap=True, min_width=width)  # type: ignore[arg-type]
@@ -238,7 +233,18 @@ def file_summary(report: FileReport) -> Text:
     return text
 
 
+def file_title(report: FileReport) -> Text:
+    """'input → output' on one line; paths are never folded, so they can be copied."""
+    title = Text(report.file, style="bold", no_wrap=True, overflow="ignore")
+    if report.output:
+        title.append(f" → {report.output}")
+    elif report.dry_run:
+        title.append("  (dry run: nothing written)", style="italic")
+    return title
+
+
 def render_file(report: FileReport, console: Console) -> None:
+    console.print(file_title(report), soft_wrap=True)  # never folded nor cropped
     parts = [file_table(report, console.width)]
     skipped = skipped_lines(report)
     if skipped is not None:

@@ -13,12 +13,14 @@ pipeline and the NumPy API cannot disagree.
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from .dtypes import is_bool as is_bool_dtype
 from .dtypes import is_complex
 
 # Elements squared and summed per BLAS call. The float64 copy of a chunk stays in
@@ -95,7 +97,8 @@ class TensorStats:
             the whole tensor, a tuple of non-negative axes for one value per slice.
         sum_of_squares: float64 array of the keepdims shape (``()`` when axes is
             None); for complex data the sum of ``|z|**2``.
-        sum_abs: sum of ``|x|`` over the tensor (the L1 norm), float64.
+        sum_abs: sum of ``|x|`` over the tensor (the L1 norm), float64; only
+            accumulated when ``track_l1`` (it costs a pass over the data).
         max_abs: largest ``|x|`` that is not NaN (0.0 before any element).
         nan_count, inf_count: how many elements are NaN / +-Inf.
         count: how many elements have been added.
@@ -109,6 +112,7 @@ class TensorStats:
     nan_count: int = 0
     inf_count: int = 0
     count: int = 0
+    track_l1: bool = False
     # Neumaier compensation terms for the scalar sums (whole-tensor case).
     _ss_carry: float = field(default=0.0, repr=False)
     _abs_carry: float = field(default=0.0, repr=False)
@@ -120,15 +124,15 @@ class TensorStats:
             self.sum_of_squares = np.zeros(target, dtype=np.float64)
 
     @classmethod
-    def empty(cls, shape: Sequence[int], axes: object = None) -> "TensorStats":
+    def empty(cls, shape: Sequence[int], axes: object = None, *, track_l1: bool = False) -> "TensorStats":
         """Statistics of nothing yet, for a tensor of ``shape`` reduced over ``axes``."""
-        return cls(tuple(shape), normalize_axes(axes, len(shape)))
+        return cls(tuple(shape), normalize_axes(axes, len(shape)), track_l1=track_l1)
 
     @classmethod
-    def of(cls, array: np.ndarray, axes: object = None) -> "TensorStats":
+    def of(cls, array: np.ndarray, axes: object = None, *, track_l1: bool = False) -> "TensorStats":
         """Statistics of a whole in-memory array."""
         array = np.asarray(array)
-        stats = cls.empty(array.shape, axes)
+        stats = cls.empty(array.shape, axes, track_l1=track_l1)
         stats.add(array)
         return stats
 
@@ -179,29 +183,35 @@ class TensorStats:
 
     def _add_whole(self, piece: np.ndarray) -> None:
         flat = piece.reshape(-1)
+        finite = True
         for start in range(0, flat.size, CHUNK_ELEMENTS):
             x = _as_float64(flat[start : start + CHUNK_ELEMENTS])
             if x.dtype == np.complex128:
                 pairs = x.view(np.float64)
                 sum_sq = float(np.dot(pairs, pairs))
-                magnitude = np.abs(x)
             else:
                 sum_sq = float(np.dot(x, x))
-                magnitude = np.abs(x, out=x)
             self._add_sum_of_squares(sum_sq)
-            self._add_magnitudes(magnitude, finite=np.isfinite(sum_sq))
+            finite = finite and math.isfinite(sum_sq)
+        self._add_magnitudes(flat, finite)
 
     def _add_per_slice(self, piece: np.ndarray, index: Index | None) -> None:
-        x = _as_float64(piece)
-        squares = (x * x.conj()).real if x.dtype == np.complex128 else np.square(x)
-        block = np.sum(squares, axis=self.axes, keepdims=True)
+        if is_complex(piece.dtype):
+            x = piece.astype(np.complex128)
+            block = np.sum((x * x.conj()).real, axis=self.axes, keepdims=True)
+        else:
+            # einsum squares and sums in float64 without a float64 copy of the piece.
+            letters = "abcdefghijklmnopqrstuvwxyz"[: piece.ndim]
+            kept = "".join(c for i, c in enumerate(letters) if i not in self.axes)
+            block = np.einsum(f"{letters},{letters}->{kept}", piece, piece, dtype=np.float64)
+            block = block.reshape(reduced_shape(piece.shape, self.axes))
         self.sum_of_squares[kept_index(index, len(self.shape), self.axes)] += block
-        self._add_magnitudes(np.abs(x), finite=bool(np.isfinite(block).all()))
+        self._add_magnitudes(piece, bool(np.isfinite(block).all()))
 
     def _add_sum_of_squares(self, value: float) -> None:
         total = float(self.sum_of_squares)
         new_total = total + value
-        if np.isfinite(new_total):
+        if math.isfinite(new_total):
             # Neumaier: keep the low-order bits that the addition dropped.
             if abs(total) >= abs(value):
                 self._ss_carry += (total - new_total) + value
@@ -209,27 +219,42 @@ class TensorStats:
                 self._ss_carry += (value - new_total) + total
         self.sum_of_squares = np.asarray(new_total)
 
-    def _add_magnitudes(self, magnitude: np.ndarray, *, finite: bool) -> None:
+    def _add_magnitudes(self, piece: np.ndarray, finite: bool) -> None:
+        """max |x|, NaN/Inf counts and (if tracked) the sum of |x| of one block."""
+        if is_complex(piece.dtype) or piece.dtype.kind == "V" or is_bool_dtype(piece.dtype):
+            magnitude = np.abs(piece.astype(np.complex128 if is_complex(piece.dtype) else np.float64))
+        else:
+            magnitude = piece
         if not finite:
-            nans = int(np.count_nonzero(np.isnan(magnitude)))
+            # Only now pay for the NaN/Inf scans; a finite sum of squares rules them out.
+            wide = magnitude.astype(np.float64) if magnitude.dtype.kind not in "fc" else magnitude
+            nan_mask = np.isnan(wide)
+            nans = int(np.count_nonzero(nan_mask))
             self.nan_count += nans
-            self.inf_count += int(np.count_nonzero(np.isinf(magnitude)))
+            self.inf_count += int(np.count_nonzero(np.isinf(wide)))
             if nans:
-                magnitude = magnitude[~np.isnan(magnitude)]
+                magnitude = magnitude[~nan_mask]
         if magnitude.size:
-            self.max_abs = max(self.max_abs, float(magnitude.max()))
-            part = float(magnitude.sum())
-            new_total = self.sum_abs + part
-            if np.isfinite(new_total):
-                if abs(self.sum_abs) >= abs(part):
-                    self._abs_carry += (self.sum_abs - new_total) + part
-                else:
-                    self._abs_carry += (part - new_total) + self.sum_abs
-            self.sum_abs = new_total
+            if magnitude is piece:  # real numbers: |x| max without an |x| array
+                largest = max(float(magnitude.max()), -float(magnitude.min()))
+            else:
+                largest = float(magnitude.max())
+            self.max_abs = max(self.max_abs, abs(largest))
+            if self.track_l1:
+                part = float(np.abs(magnitude).sum(dtype=np.float64))
+                new_total = self.sum_abs + part
+                if math.isfinite(new_total):
+                    if abs(self.sum_abs) >= abs(part):
+                        self._abs_carry += (self.sum_abs - new_total) + part
+                    else:
+                        self._abs_carry += (part - new_total) + self.sum_abs
+                self.sum_abs = new_total
 
     @property
     def l1_norm(self) -> float:
-        """Sum of ``|x|`` over the non-NaN elements."""
+        """Sum of ``|x|`` over the non-NaN elements (needs ``track_l1``)."""
+        if not self.track_l1:
+            raise ValueError("the L1 norm was not tracked: create the statistics with track_l1=True")
         return self.sum_abs + self._abs_carry
 
     def merge(self, other: "TensorStats") -> "TensorStats":
@@ -239,7 +264,8 @@ class TensorStats:
                 f"cannot merge statistics of shape {other.shape} axes {other.axes} "
                 f"into shape {self.shape} axes {self.axes}"
             )
-        merged = TensorStats(self.shape, self.axes, np.array(self.sum_of_squares, copy=True))
+        merged = TensorStats(self.shape, self.axes, np.array(self.sum_of_squares, copy=True),
+                             track_l1=self.track_l1 and other.track_l1)
         merged.sum_abs, merged._abs_carry = self.sum_abs, self._abs_carry
         merged.max_abs = self.max_abs
         merged.nan_count, merged.inf_count = self.nan_count, self.inf_count
