@@ -98,20 +98,40 @@ def _work_dtype(dtype: np.dtype) -> np.dtype:
     return np.dtype(np.float64)
 
 
+# Elements scaled per step: the float64 intermediate (1 MiB) stays in cache.
+SCALE_CHUNK_ELEMENTS = 1 << 17
+
+
 def apply_scale(piece: np.ndarray, scale: np.ndarray | float) -> np.ndarray:
     """``piece * scale`` computed in float64 and rounded once to ``piece.dtype``.
 
     ``scale`` broadcasts against ``piece`` (a scalar, or a keepdims block of
     per-slice factors). Where every factor is exactly 1 the piece is returned
-    unchanged (a copy), so unclipped tensors stay bit-identical.
+    unchanged (a copy), so unclipped tensors stay bit-identical. The work goes
+    in runs of rows through one small float64 buffer, never a float64 copy of
+    the whole piece.
     """
     scale_array = np.asarray(scale, dtype=np.float64)
     if np.all(scale_array == 1.0):
         return np.array(piece, copy=True)
     work = _work_dtype(piece.dtype)
+    if piece.ndim == 0 or piece.size == 0:
+        with np.errstate(invalid="ignore", over="ignore"):
+            return np.multiply(piece.astype(work), scale_array).astype(piece.dtype)
+    out = np.empty(piece.shape, dtype=piece.dtype)
+    rows = piece.shape[0]
+    per_row = piece.size // rows
+    step = max(1, SCALE_CHUNK_ELEMENTS // max(per_row, 1))
+    buffer = np.empty((min(step, rows),) + piece.shape[1:], dtype=work)
+    row_scaled = scale_array.ndim == piece.ndim and scale_array.shape[0] == rows and rows > 1
     with np.errstate(invalid="ignore", over="ignore"):  # inf * 0 is NaN, as in TensorFlow
-        product = np.multiply(piece.astype(work), scale_array)
-        return product.astype(piece.dtype)
+        for start in range(0, rows, step):
+            stop = min(start + step, rows)
+            part = buffer[: stop - start]
+            factor = scale_array[start:stop] if row_scaled else scale_array
+            np.multiply(piece[start:stop], factor, out=part)
+            out[start:stop] = part
+    return out
 
 
 def value_bounds(dtype: np.dtype, clip_value_min: object, clip_value_max: object) -> tuple[np.ndarray, np.ndarray]:

@@ -7,6 +7,8 @@ format follows the output path's suffix, so writing ``x.safetensors`` from an
 
 from __future__ import annotations
 
+import importlib
+import json
 import struct
 from pathlib import Path
 from typing import Any
@@ -20,12 +22,9 @@ from .base import (
     TensorReader,
     TensorWriter,
 )
-from .hdf5 import SIGNATURE as HDF5_SIGNATURE
-from .hdf5 import Hdf5Reader, Hdf5Writer
-from .npy import MAGIC as NPY_MAGIC
-from .npy import NpyReader, NpyWriter
-from .npz import NpzReader, NpzWriter
-from .safetensors import SafetensorsReader, SafetensorsWriter
+
+NPY_MAGIC = b"\x93NUMPY"
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
 __all__ = [
     "DEFAULT_BLOCK_BYTES",
@@ -40,18 +39,19 @@ __all__ = [
     "SUFFIXES",
 ]
 
-READERS: dict[str, type[TensorReader]] = {
-    "npy": NpyReader,
-    "npz": NpzReader,
-    "safetensors": SafetensorsReader,
-    "hdf5": Hdf5Reader,
+# format -> (module, reader class, writer class); modules are imported on first
+# use, so a run that never meets HDF5 never pays for importing h5py.
+FORMATS: dict[str, tuple[str, str, str]] = {
+    "npy": ("npy", "NpyReader", "NpyWriter"),
+    "npz": ("npz", "NpzReader", "NpzWriter"),
+    "safetensors": ("safetensors", "SafetensorsReader", "SafetensorsWriter"),
+    "hdf5": ("hdf5", "Hdf5Reader", "Hdf5Writer"),
 }
-WRITERS: dict[str, type[TensorWriter]] = {
-    "npy": NpyWriter,
-    "npz": NpzWriter,
-    "safetensors": SafetensorsWriter,
-    "hdf5": Hdf5Writer,
-}
+
+
+def _format_class(kind: str, role: int) -> Any:
+    module = importlib.import_module(f"{__name__}.{FORMATS[kind][0]}")
+    return getattr(module, FORMATS[kind][role])
 SUFFIXES = {".npy": "npy", ".npz": "npz", ".safetensors": "safetensors", ".h5": "hdf5", ".hdf5": "hdf5"}
 
 
@@ -109,7 +109,7 @@ def open_reader(path: Path | str) -> TensorReader:
     path = Path(path)
     kind = detect_format(path)
     try:
-        return READERS[kind](path)
+        return _format_class(kind, 1)(path)
     except TclipError:
         raise
     except MemoryError:
@@ -137,15 +137,15 @@ def create_writer(
     if kind is None:
         raise TclipError("unknown output format: use .npy, .npz, .safetensors, .h5 or .hdf5", target)
     tensors = list(like.tensors.values()) if tensors is None else tensors
-    same_file = target.exists() and like.path.exists() and target.resolve() == like.path.resolve()
-    output = AtomicOutput(target, overwrite=overwrite, mode_from=like.path if same_file or True else None)
+    # The output takes the input's permissions (a rewrite in place keeps them).
+    output = AtomicOutput(target, overwrite=overwrite, mode_from=like.path)
     try:
         if kind in ("safetensors", "hdf5"):
             carry = metadata
             if carry is None and like.format_name != kind:
                 carry = _portable_metadata(like.metadata) if like.metadata else None
-            return WRITERS[kind](target, tensors, output, like=like, metadata=carry)  # type: ignore[call-arg]
-        return WRITERS[kind](target, tensors, output, like=like)  # type: ignore[call-arg]
+            return _format_class(kind, 2)(target, tensors, output, like=like, metadata=carry)
+        return _format_class(kind, 2)(target, tensors, output, like=like)
     except TclipError as error:
         output.abort()
         if error.path is None:
@@ -158,8 +158,6 @@ def create_writer(
 
 def _portable_metadata(metadata: dict[str, Any]) -> dict[str, str]:
     """Metadata as strings, the only values safetensors can hold."""
-    import json
-
     out = {}
     for key, value in metadata.items():
         out[str(key)] = value if isinstance(value, str) else json.dumps(value, default=str)

@@ -21,8 +21,6 @@ from ..dtypes import ML_FLOAT_TYPES
 from ..errors import FormatError, UnsupportedError
 from .base import AtomicOutput, Index, TensorInfo, TensorReader, TensorWriter, layout_blocks
 
-SIGNATURE = b"\x89HDF\r\n\x1a\n"
-
 _H5_ERRORS = (OSError, ValueError, RuntimeError, KeyError, TypeError)
 
 

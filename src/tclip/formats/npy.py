@@ -30,7 +30,6 @@ from .base import (
     write_all,
 )
 
-MAGIC = b"\x93NUMPY"
 # numpy's own default limit on header size; larger headers are refused, not parsed.
 MAX_HEADER_SIZE = 10000
 
