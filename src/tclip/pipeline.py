@@ -148,7 +148,8 @@ def tensor_statistics(reader: TensorReader, name: str, axes: object = None, *,
     """Pass 1 for one tensor: statistics accumulated block by block."""
     info = reader.tensors[name]
     stats = TensorStats.empty(info.shape, axes, track_l1=track_l1)
-    for index, piece in reader.pieces(name, block_bytes):
+    scratch = bytearray(min(block_bytes, info.nbytes))
+    for index, piece in reader.pieces(name, block_bytes, scratch):
         stats.add(piece, index)
         if progress is not None:
             progress(piece.nbytes)
@@ -184,6 +185,10 @@ class _Rewrite:
         self.reader, self.writer = reader, writer
         self.block_bytes, self.progress = block_bytes, progress
         self.bytes_read = 0
+        # One input and one output buffer for every block: every block is
+        # consumed (written, measured) before the next is read.
+        self.read_buffer = bytearray(block_bytes)
+        self.out_buffer = bytearray(block_bytes)
 
     def blocks(self, name: str) -> Iterable:
         if self.writer is not None:
@@ -198,7 +203,7 @@ class _Rewrite:
             if held is not None:
                 piece = held[index]
             else:
-                piece = self.reader.read(name, index)
+                piece = self.reader.read(name, index, self.read_buffer)
                 self.bytes_read += piece.nbytes
                 if self.progress is not None:
                     self.progress(piece.nbytes)
@@ -332,7 +337,7 @@ def _clip_global(reader: TensorReader, mode: GlobalNormClip, selected: list[str]
             rewrite.copy(name)
             continue
         scale = scales[name]
-        after = rewrite.tensor(name, lambda index, piece, s=scale: apply_scale(piece, s))
+        after = rewrite.tensor(name, lambda index, piece, s=scale: apply_scale(piece, s, rewrite.out_buffer))
         _fill_after(entries[name], after, scale)
 
 
@@ -371,7 +376,8 @@ def _clip_per_tensor(reader: TensorReader, mode: Mode, selected: list[str], entr
         ndim = len(info.shape)
         after = rewrite.tensor(
             name,
-            lambda index, piece, s=scale: apply_scale(piece, scale_for_piece(s, index, ndim, axes)),
+            lambda index, piece, s=scale: apply_scale(piece, scale_for_piece(s, index, ndim, axes),
+                                                      rewrite.out_buffer),
             axes=axes, held=held)
         _fill_after(entry, after, scale)
 

@@ -102,23 +102,26 @@ def _work_dtype(dtype: np.dtype) -> np.dtype:
 SCALE_CHUNK_ELEMENTS = 1 << 17
 
 
-def apply_scale(piece: np.ndarray, scale: np.ndarray | float) -> np.ndarray:
+def apply_scale(piece: np.ndarray, scale: np.ndarray | float, out: bytearray | None = None) -> np.ndarray:
     """``piece * scale`` computed in float64 and rounded once to ``piece.dtype``.
 
     ``scale`` broadcasts against ``piece`` (a scalar, or a keepdims block of
     per-slice factors). Where every factor is exactly 1 the piece is returned
     unchanged (a copy), so unclipped tensors stay bit-identical. The work goes
     in runs of rows through one small float64 buffer, never a float64 copy of
-    the whole piece.
+    the whole piece. With ``out`` (a buffer of at least ``piece.nbytes``) the
+    result is a view of it, valid until the buffer is used again.
     """
     scale_array = np.asarray(scale, dtype=np.float64)
     if np.all(scale_array == 1.0):
-        return np.array(piece, copy=True)
+        result = _result_array(piece, out)
+        result[...] = piece
+        return result
     work = _work_dtype(piece.dtype)
     if piece.ndim == 0 or piece.size == 0:
         with np.errstate(invalid="ignore", over="ignore"):
             return np.multiply(piece.astype(work), scale_array).astype(piece.dtype)
-    out = np.empty(piece.shape, dtype=piece.dtype)
+    result = _result_array(piece, out)
     rows = piece.shape[0]
     per_row = piece.size // rows
     step = max(1, SCALE_CHUNK_ELEMENTS // max(per_row, 1))
@@ -130,8 +133,14 @@ def apply_scale(piece: np.ndarray, scale: np.ndarray | float) -> np.ndarray:
             part = buffer[: stop - start]
             factor = scale_array[start:stop] if row_scaled else scale_array
             np.multiply(piece[start:stop], factor, out=part)
-            out[start:stop] = part
-    return out
+            result[start:stop] = part
+    return result
+
+
+def _result_array(piece: np.ndarray, out: bytearray | None) -> np.ndarray:
+    if out is not None and len(out) >= piece.nbytes:
+        return np.frombuffer(out, dtype=piece.dtype, count=piece.size).reshape(piece.shape)
+    return np.empty(piece.shape, dtype=piece.dtype)
 
 
 def value_bounds(dtype: np.dtype, clip_value_min: object, clip_value_max: object) -> tuple[np.ndarray, np.ndarray]:

@@ -166,12 +166,20 @@ class TensorReader(ABC):
         return layout_blocks(self.tensors[name], max_bytes)
 
     @abstractmethod
-    def read(self, name: str, index: Index | None = None) -> np.ndarray:
-        """Read one rectangular block (None: the whole tensor) as a new array."""
+    def read(self, name: str, index: Index | None = None, scratch: bytearray | None = None) -> np.ndarray:
+        """Read one rectangular block (None: the whole tensor).
 
-    def pieces(self, name: str, max_bytes: int = DEFAULT_BLOCK_BYTES) -> Iterator[tuple[Index, np.ndarray]]:
+        With ``scratch``, a reader may read into that buffer and return a view of
+        it, valid until the buffer is used again: reusing one buffer spares the
+        page faults of a fresh multi-MiB allocation per block. Without it the
+        result is a new array.
+        """
+
+    def pieces(self, name: str, max_bytes: int = DEFAULT_BLOCK_BYTES,
+               scratch: bytearray | None = None) -> Iterator[tuple[Index, np.ndarray]]:
+        """(index, block) over the tensor; with ``scratch`` each block is only valid until the next."""
         for index in self.blocks(name, max_bytes):
-            yield index, self.read(name, index)
+            yield index, self.read(name, index, scratch)
 
 
 class TensorWriter(ABC):
@@ -243,18 +251,22 @@ class RegionSource:
         self.fd = fd
         self.path = path
 
-    def read(self, offset: int, info: TensorInfo, index: Index | None) -> np.ndarray:
+    def read(self, offset: int, info: TensorInfo, index: Index | None,
+             scratch: bytearray | None = None) -> np.ndarray:
         index = normalize_index(index, info.shape)
         shape = tuple(s.stop - s.start for s in index)
         span = contiguous_span(index, info.shape, info.fortran_order) if shape else (0, 1)
         if span is not None:
             first, count = span
             nbytes = count * info.dtype.itemsize
-            buffer = bytearray(nbytes)
+            if scratch is not None and len(scratch) >= nbytes:
+                buffer = memoryview(scratch)[:nbytes]
+            else:
+                buffer = memoryview(np.empty(nbytes, np.uint8))  # no zero-fill, unlike bytearray
             got = os.preadv(self.fd, [buffer], offset + first * info.dtype.itemsize) if nbytes else 0
             if got != nbytes:
                 raise FormatError(f"tensor {info.name!r}: file is truncated", self.path)
-            flat = np.frombuffer(buffer, dtype=info.dtype)
+            flat = np.frombuffer(buffer, dtype=info.dtype, count=count)
             return flat.reshape(shape, order="F" if info.fortran_order else "C")
         mapped = np.memmap(self.path, dtype=info.dtype, mode="r", offset=offset, shape=info.shape,
                            order="F" if info.fortran_order else "C")

@@ -95,7 +95,7 @@ class Hdf5Reader(TensorReader):
         for chunk in dataset.iter_chunks():
             yield tuple(slice(s.start, s.stop) for s in chunk)
 
-    def read(self, name: str, index: Index | None = None) -> np.ndarray:
+    def read(self, name: str, index: Index | None = None, scratch: bytearray | None = None) -> np.ndarray:
         dataset = self.file[name]
         try:
             data = dataset[()] if index is None or not index else dataset[index]

@@ -104,8 +104,8 @@ class NpyReader(TensorReader):
     def close(self) -> None:
         self._file.close()
 
-    def read(self, name: str, index: Index | None = None) -> np.ndarray:
-        return self._source.read(self.data_offset, self.tensors[name], index)
+    def read(self, name: str, index: Index | None = None, scratch: bytearray | None = None) -> np.ndarray:
+        return self._source.read(self.data_offset, self.tensors[name], index, scratch)
 
 
 class NpyWriter(TensorWriter):

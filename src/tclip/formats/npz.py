@@ -111,10 +111,10 @@ class NpzReader(TensorReader):
             self._stream = None
         self._zip.close()
 
-    def read(self, name: str, index: Index | None = None) -> np.ndarray:
+    def read(self, name: str, index: Index | None = None, scratch: bytearray | None = None) -> np.ndarray:
         info = self.tensors[name]
         if name in self._absolute:
-            return self._source.read(self._absolute[name], info, index)
+            return self._source.read(self._absolute[name], info, index, scratch)
         index = normalize_index(index, info.shape)
         span = contiguous_span(index, info.shape, info.fortran_order)
         if span is None:

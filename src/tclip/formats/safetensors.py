@@ -159,8 +159,8 @@ class SafetensorsReader(TensorReader):
     def close(self) -> None:
         self._file.close()
 
-    def read(self, name: str, index: Index | None = None) -> np.ndarray:
-        return self._source.read(self.offsets[name], self.tensors[name], index)
+    def read(self, name: str, index: Index | None = None, scratch: bytearray | None = None) -> np.ndarray:
+        return self._source.read(self.offsets[name], self.tensors[name], index, scratch)
 
     def raw_range(self, name: str) -> tuple[int, int]:
         """(file offset, byte count) of a tensor's data."""
