@@ -6,7 +6,8 @@ Writes one file per format of about --mib MiB of float32 gradients (many
 tensors for .npz/safetensors/HDF5, one 2-D tensor for .npy), then times
 `cp` and `tclip <mode> ... -o OUT` on each, warm page cache for both, and
 prints medians, the ratio to `cp` and the peak resident memory of each run
-(GNU time's %M). Figures vary on a shared machine: compare within one run.
+(GNU time's %M). `dd conv=fsync` is a copy that, like tclip, waits for the
+data to reach the disk. Figures vary on a shared machine: compare within one run.
 """
 
 from __future__ import annotations
@@ -94,6 +95,11 @@ def main() -> None:
             cp_time, cp_rss = median_run(["cp", str(path), str(out)], args.repeat, out)
             print(f"{kind:12} {size / 2**20:7.0f}Mi {'cp':14} {cp_time:9.2f} {1.0:6.2f} "
                   f"{size / cp_time / 1e9:6.2f} {cp_rss:9.0f}")
+            # tclip fsyncs its output before the rename; this is the copy that does too.
+            dd_time, dd_rss = median_run(["dd", f"if={path}", f"of={out}", "bs=8M", "conv=fsync", "status=none"],
+                                         args.repeat, out)
+            print(f"{'':12} {'':9} {'dd conv=fsync':14} {dd_time:9.2f} {dd_time / cp_time:6.2f} "
+                  f"{size / dd_time / 1e9:6.2f} {dd_rss:9.0f}")
             for mode, words in modes.items():
                 command = [*tclip, *words, "-q", str(path)]
                 if mode != "report":

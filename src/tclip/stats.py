@@ -80,13 +80,6 @@ def kept_index(index: Index | None, ndim: int, axes: tuple[int, ...] | None) -> 
     return tuple(slice(None) if i in axes else s for i, s in enumerate(index))
 
 
-def _as_float64(piece: np.ndarray) -> np.ndarray:
-    """A float64 (or complex128) copy of ``piece`` for exact squaring."""
-    if is_complex(piece.dtype):
-        return piece.astype(np.complex128)
-    return piece.astype(np.float64)
-
-
 @dataclass
 class TensorStats:
     """Running statistics of one tensor (or of the part of it added so far).
@@ -184,8 +177,14 @@ class TensorStats:
     def _add_whole(self, piece: np.ndarray) -> None:
         flat = piece.reshape(-1)
         finite = True
+        wide = np.complex128 if is_complex(piece.dtype) else np.float64
+        # One float64 buffer for all chunks: a fresh 1 MiB array per chunk costs
+        # page faults whenever the allocator hands the memory back to the system.
+        buffer = np.empty(min(CHUNK_ELEMENTS, flat.size), dtype=wide)
         for start in range(0, flat.size, CHUNK_ELEMENTS):
-            x = _as_float64(flat[start : start + CHUNK_ELEMENTS])
+            chunk = flat[start : start + CHUNK_ELEMENTS]
+            x = buffer[: chunk.size]
+            x[...] = chunk
             if x.dtype == np.complex128:
                 pairs = x.view(np.float64)
                 sum_sq = float(np.dot(pairs, pairs))

@@ -138,7 +138,8 @@ class Hdf5Writer(TensorWriter):
                 raise UnsupportedError(f"tensor {info.name!r} of dtype {info.dtype} cannot be written to HDF5",
                                        target)
         self._like = like if isinstance(like, Hdf5Reader) else None
-        self._datasets: dict[str, h5py.Dataset] = {}
+        self._created: set[str] = set()
+        self._current: tuple[str, h5py.Dataset] | None = None
         try:
             if self._like is not None:
                 source = self._like.file
@@ -184,8 +185,13 @@ class Hdf5Writer(TensorWriter):
                 seen[address] = target[key].name
 
     def _dataset(self, name: str) -> h5py.Dataset:
-        dataset = self._datasets.get(name)
-        if dataset is not None:
+        # Only the dataset being written is kept open: HDF5 holds several MiB
+        # per open dataset being written, which would grow with the tensor count.
+        if self._current is not None and self._current[0] == name:
+            return self._current[1]
+        if name in self._created:
+            dataset = self.file[name]
+            self._current = (name, dataset)
             return dataset
         info = self.tensors[name]
         parent_name, base = posixpath.split(name)
@@ -199,7 +205,8 @@ class Hdf5Writer(TensorWriter):
             copy_attributes(source, dataset, self.target)
         else:
             dataset = parent.create_dataset(base, shape=info.shape, dtype=info.dtype)
-        self._datasets[name] = dataset
+        self._created.add(name)
+        self._current = (name, dataset)
         return dataset
 
     def blocks(self, name: str, max_bytes: int = 8 << 20) -> Any:
@@ -215,21 +222,24 @@ class Hdf5Writer(TensorWriter):
             dataset[index] = data
 
     def copy_tensor(self, reader: TensorReader, name: str, max_bytes: int = 8 << 20) -> None:
-        if isinstance(reader, Hdf5Reader) and reader is self._like and name not in self._datasets:
+        if isinstance(reader, Hdf5Reader) and reader is self._like and name not in self._created:
             parent_name, base = posixpath.split(name)
             parent = self.file.require_group(parent_name) if parent_name else self.file
             reader.file.copy(reader.file[name], parent, name=base)
-            self._datasets[name] = parent[base]
+            self._created.add(name)
             return
         super().copy_tensor(reader, name, max_bytes)
 
     def _finish(self) -> None:
         for name in self.tensors:  # empty tensors never receive a block
-            self._dataset(name)
+            if name not in self._created:
+                self._dataset(name)
+        self._current = None
         self.file.flush()
         self.file.close()
 
     def _close_quietly(self) -> None:
+        self._current = None
         try:
             self.file.close()
         except Exception:  # the file is being thrown away
