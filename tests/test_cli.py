@@ -325,3 +325,29 @@ def test_quiet_prints_nothing_on_success(npz):
     result = run("norm", "--clip", "1", "--axes", "1", "-q", npz)
     assert result.exit_code == 0
     assert result.stdout == "" and result.stderr == ""
+
+
+def test_value_accepts_one_sided_infinite_bounds(tmp_path):
+    path = tmp_path / "g.npy"
+    np.save(path, np.array([-5.0, 0.5, 5.0], np.float32))
+    result = run("value", "--min", "-inf", "--max", "1", path)
+    assert result.exit_code == 0, result.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "g.clipped.npy"), [-5.0, 0.5, 1.0])
+
+
+def test_in_place_on_a_file_known_by_its_content(tmp_path):
+    path = tmp_path / "step_41200"  # no suffix: recognised as safetensors by its header
+    path.write_bytes(safetensors_bytes({"w": np.full(4, 3.0, np.float32)}))
+    result = run("norm", "--clip", "1", "--in-place", path)
+    assert result.exit_code == 0, result.stderr
+    np.testing.assert_allclose(read_all(path)["w"], np.full(4, 0.5), rtol=1e-7)
+    assert sorted(os.listdir(tmp_path)) == ["step_41200"]
+
+
+def test_big_endian_npy_is_clipped_in_its_own_byte_order(tmp_path):
+    path = tmp_path / "be.npy"
+    np.save(path, np.array([[3.0, 4.0], [0.3, 0.4]], ">f4"))
+    assert run("norm", "--clip", "1", "--axes", "1", path).exit_code == 0
+    out = np.load(tmp_path / "be.clipped.npy")
+    assert out.dtype == np.dtype(">f4")
+    np.testing.assert_allclose(out, [[0.6, 0.8], [0.3, 0.4]], rtol=1e-7)

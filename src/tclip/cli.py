@@ -80,7 +80,7 @@ class AxesType(click.ParamType):
 
 
 POSITIVE = FiniteFloat(positive=True)
-FINITE = FiniteFloat(allow_inf=False)
+BOUND = FiniteFloat()  # -inf/inf allowed: a one-sided clip
 
 
 # --------------------------------------------------------------------------- shared options
@@ -260,8 +260,8 @@ def _clip_command(ctx: click.Context, mode: Mode, files: tuple[str, ...], recurs
 
 
 @cli.command("value")
-@click.option("--min", "minimum", type=FINITE, required=True, help="Lower bound (clip_value_min).")
-@click.option("--max", "maximum", type=FINITE, required=True, help="Upper bound (clip_value_max).")
+@click.option("--min", "minimum", type=BOUND, required=True, help="Lower bound (clip_value_min); -inf for none.")
+@click.option("--max", "maximum", type=BOUND, required=True, help="Upper bound (clip_value_max); inf for none.")
 @output_options
 @display_options
 @file_arguments

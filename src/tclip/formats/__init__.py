@@ -133,7 +133,9 @@ def create_writer(
     over when it is rewritten in place.
     """
     target = Path(target)
-    kind = format_for_suffix(target)
+    # A target without a known suffix (an input recognised by its content,
+    # rewritten in place or beside itself) keeps the input's format.
+    kind = format_for_suffix(target) or (like.format_name if format_for_suffix(like.path) is None else None)
     if kind is None:
         raise TclipError("unknown output format: use .npy, .npz, .safetensors, .h5 or .hdf5", target)
     tensors = list(like.tensors.values()) if tensors is None else tensors
