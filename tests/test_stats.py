@@ -12,7 +12,14 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import tclip
-from tclip.plan import GlobalNormClip, NormClip, AverageNormClip, ValueClip, plan_scales, scale_for_piece
+from tclip.plan import (
+    AverageNormClip,
+    GlobalNormClip,
+    NormClip,
+    ValueClip,
+    plan_scales,
+    scale_for_piece,
+)
 from tclip.stats import TensorStats, normalize_axes
 
 

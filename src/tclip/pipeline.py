@@ -20,7 +20,14 @@ import numpy as np
 
 from .dtypes import dtype_name, is_floating
 from .errors import NonFiniteError, TclipError
-from .formats import DEFAULT_BLOCK_BYTES, TensorInfo, TensorReader, TensorWriter, create_writer, open_reader
+from .formats import (
+    DEFAULT_BLOCK_BYTES,
+    TensorInfo,
+    TensorReader,
+    TensorWriter,
+    create_writer,
+    open_reader,
+)
 from .plan import (
     AverageNormClip,
     GlobalNormClip,
@@ -120,19 +127,17 @@ def axes_problem(ndim: int, axes: object) -> str | None:
     return None
 
 
-_REPORT = ValueClip(0.0, 0.0)  # stands for "report": it selects what every mode selects
-
-
-def _skip_reason(info: TensorInfo, mode: Mode | None, selection: Selection) -> str | None:
+def _skip_reason(info: TensorInfo, selection: Selection, axes: object = None) -> str | None:
+    """Why a tensor is left as it is (None: it is worked on). Every mode and the
+    report select the same tensors: floating ones, matching the globs, whose rank
+    can take the axes."""
     if not selection.matches(info.name):
         return "not selected"
     if not info.numeric:
         return f"{info.dtype} is not numeric"
-    if mode is not None and not is_floating(info.dtype):
+    if not is_floating(info.dtype):
         return f"{dtype_name(info.dtype)} is not floating-point"
-    if isinstance(mode, NormClip):
-        return axes_problem(len(info.shape), mode.axes)
-    return None
+    return axes_problem(len(info.shape), axes)
 
 
 def _start_report(reader: TensorReader, path: Path, mode_name: str, params: dict[str, object]) -> FileReport:
@@ -273,7 +278,7 @@ def clip_file(path: Path | str, mode: Mode, options: ClipOptions | None = None,
         entries = {t.name: t for t in report.tensors}
         selected = []
         for info in reader.tensors.values():
-            reason = _skip_reason(info, mode, options.selection)
+            reason = _skip_reason(info, options.selection, mode.axes if isinstance(mode, NormClip) else None)
             entries[info.name].skipped = reason
             if reason is None:
                 selected.append(info.name)
@@ -376,8 +381,8 @@ def _clip_per_tensor(reader: TensorReader, mode: Mode, selected: list[str], entr
         ndim = len(info.shape)
         after = rewrite.tensor(
             name,
-            lambda index, piece, s=scale: apply_scale(piece, scale_for_piece(s, index, ndim, axes),
-                                                      rewrite.out_buffer),
+            lambda index, piece, s=scale, n=ndim, a=axes: apply_scale(piece, scale_for_piece(s, index, n, a),
+                                                                      rewrite.out_buffer),
             axes=axes, held=held)
         _fill_after(entry, after, scale)
 
@@ -431,7 +436,7 @@ def report_file(path: Path | str, *, axes: object = None, ord: str = "2", select
         report.metadata = dict(reader.metadata)
         for entry, info in zip(report.tensors, reader.tensors.values()):
             # The same tensors the clipping commands would work on: floating ones.
-            entry.skipped = _skip_reason(info, _REPORT, selection) or axes_problem(len(info.shape), axes)
+            entry.skipped = _skip_reason(info, selection, axes)
             if entry.skipped is not None:
                 continue
             stats = tensor_statistics(reader, info.name, None if axes is None else axes,

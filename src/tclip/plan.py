@@ -17,7 +17,6 @@ import numpy as np
 from .dtypes import ML_FLOAT_TYPES, is_bool, is_floating, is_integral
 from .stats import Index, TensorStats, kept_index, normalize_axes
 
-
 # --------------------------------------------------------------------------- arguments
 
 

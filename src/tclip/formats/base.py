@@ -288,9 +288,8 @@ def write_all(handle: BinaryIO, data: np.ndarray, fortran: bool = False) -> None
 class SequentialBlocks:
     """Checks that blocks arrive exactly in the order a sequential writer needs."""
 
-    def __init__(self, writer: TensorWriter, max_bytes: int = DEFAULT_BLOCK_BYTES) -> None:
-        self.writer = writer
-        self.expected: dict[str, int] = {}
+    def __init__(self) -> None:
+        self.expected: dict[str, int] = {}  # tensor name -> next element expected
 
     def check(self, info: TensorInfo, index: Index) -> None:
         index = normalize_index(index, info.shape)

@@ -19,7 +19,14 @@ import numpy as np
 
 from ..dtypes import ML_FLOAT_TYPES
 from ..errors import FormatError, UnsupportedError
-from .base import AtomicOutput, Index, TensorInfo, TensorReader, TensorWriter, layout_blocks
+from .base import (
+    AtomicOutput,
+    Index,
+    TensorInfo,
+    TensorReader,
+    TensorWriter,
+    layout_blocks,
+)
 
 _H5_ERRORS = (OSError, ValueError, RuntimeError, KeyError, TypeError)
 

@@ -123,7 +123,7 @@ class NpyWriter(TensorWriter):
             header = like.header
         else:
             header = header_bytes(self.info.dtype, self.info.shape, self.info.fortran_order)
-        self._order = SequentialBlocks(self)
+        self._order = SequentialBlocks()
         self._file = open(output.temp, "wb")
         self._file.write(header)
 

@@ -171,7 +171,7 @@ class NpzWriter(TensorWriter):
         self._order_names = [t.name for t in tensors]
         self._position = 0  # index of the member being written
         self._member: IO[bytes] | None = None
-        self._blocks = SequentialBlocks(self)
+        self._blocks = SequentialBlocks()
         for info in tensors:  # refuse what .npy cannot record before writing anything
             if self._template_header(info) is None:
                 header_bytes(info.dtype, info.shape, info.fortran_order)

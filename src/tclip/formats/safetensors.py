@@ -174,7 +174,7 @@ class SafetensorsWriter(TensorWriter):
                  like: TensorReader | None = None, metadata: dict[str, str] | None = None) -> None:
         little = [TensorInfo(t.name, t.shape, self._little_endian(t, target), numeric=t.numeric) for t in tensors]
         super().__init__(target, little, output)
-        self._blocks = SequentialBlocks(self)
+        self._blocks = SequentialBlocks()
         self._order = [t.name for t in little]
         self._position = 0
         if isinstance(like, SafetensorsReader) and [like.tensors.get(t.name) for t in little] == little \
