@@ -13,6 +13,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -183,25 +184,41 @@ def _fill_after(entry: TensorReport, after: TensorStats, scale: np.ndarray | Non
 
 
 class _Rewrite:
-    """Pass 2: read blocks, transform them, write them, and gather the after-statistics."""
+    """Pass 2: read blocks, transform them, write them, and gather the after-statistics.
+
+    Writing happens on one background thread, in submission order, so the copy
+    into the page cache overlaps the next block's arithmetic (NumPy and file
+    writes release the GIL). Two output buffers alternate: a buffer is reused
+    only once the write that read from it has finished.
+    """
 
     def __init__(self, reader: TensorReader, writer: TensorWriter | None, block_bytes: int,
                  progress: Progress | None) -> None:
         self.reader, self.writer = reader, writer
         self.block_bytes, self.progress = block_bytes, progress
         self.bytes_read = 0
-        # One input and one output buffer for every block: every block is
-        # consumed (written, measured) before the next is read.
-        self.read_buffer = bytearray(block_bytes)
-        self.out_buffer = bytearray(block_bytes)
+        self.read_buffer = bytearray(block_bytes)  # consumed before the next read
+        self.out_buffers = [bytearray(block_bytes), bytearray(block_bytes)]
+        self._writes: list[Future | None] = [None, None]  # the write using each buffer
+        self._turn = 0
+        self._last: Future | None = None
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tclip-writer") if writer else None
 
     def blocks(self, name: str) -> Iterable:
         if self.writer is not None:
             return self.writer.blocks(name, self.block_bytes)
         return self.reader.blocks(name, self.block_bytes)
 
-    def tensor(self, name: str, transform: Callable[[tuple, np.ndarray], np.ndarray],
+    def _submit(self, function: Callable[..., None], *args: object) -> Future:
+        assert self._pool is not None
+        self._last = self._pool.submit(function, *args)
+        return self._last
+
+    def tensor(self, name: str,
+               transform: Callable[[tuple, np.ndarray, TensorStats, bytearray], np.ndarray],
                axes: object = None, held: np.ndarray | None = None) -> TensorStats:
+        """Rewrite one tensor; ``transform(index, piece, after, buffer)`` returns the
+        new block (possibly a view of ``buffer``) and adds its statistics to ``after``."""
         info = self.reader.tensors[name]
         after = TensorStats.empty(info.shape, axes)
         for index in self.blocks(name):
@@ -212,17 +229,46 @@ class _Rewrite:
                 self.bytes_read += piece.nbytes
                 if self.progress is not None:
                     self.progress(piece.nbytes)
-            out = transform(index, piece)
-            after.add(out, index)
+            slot = self._turn % 2
+            self._turn += 1
+            pending = self._writes[slot]
+            if pending is not None:
+                pending.result()  # the buffer is free again (and a write error surfaces here)
+            out = transform(index, piece, after, self.out_buffers[slot])
             if self.writer is not None:
-                self.writer.write(name, index, out)
+                self._writes[slot] = self._submit(self.writer.write, name, index, out)
         return after
 
     def copy(self, name: str) -> None:
+        # On this thread, after the pending writes: copying reads the source, and
+        # a reader (a zip member stream) is not to be shared between threads.
         if self.writer is not None:
+            self._drain()
             self.writer.copy_tensor(self.reader, name, self.block_bytes)
             if self.progress is not None:
                 self.progress(self.reader.tensors[name].nbytes)
+
+    def _drain(self) -> None:
+        for future in (*self._writes, self._last):
+            if future is not None:
+                future.result()
+        self._writes, self._last = [None, None], None
+
+    def finish(self) -> None:
+        """Wait for every write; re-raise the first error."""
+        if self._pool is None:
+            return
+        try:
+            self._drain()
+        finally:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def cancel(self) -> None:
+        """Stop writing (after an error elsewhere); the output is being thrown away."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
 
 
 def _resolve_output(path: Path, options: ClipOptions) -> Path:
@@ -303,12 +349,14 @@ def clip_file(path: Path | str, mode: Mode, options: ClipOptions | None = None,
                 _clip_global(reader, mode, selected, entries, rewrite, refuse_nonfinite, report)
             else:
                 _clip_per_tensor(reader, mode, selected, entries, rewrite, refuse_nonfinite, report)
+            rewrite.finish()
             if refuse_nonfinite and any(entries[n].nonfinite for n in selected):
                 raise NonFiniteError(_nonfinite_message(report), path)
             if writer is not None:
                 writer.commit()
                 report.bytes_written = os.stat(report.output).st_size if report.output else 0
         except BaseException:
+            rewrite.cancel()
             if writer is not None:
                 writer.abort()
             report.output = None
@@ -342,7 +390,8 @@ def _clip_global(reader: TensorReader, mode: GlobalNormClip, selected: list[str]
             rewrite.copy(name)
             continue
         scale = scales[name]
-        after = rewrite.tensor(name, lambda index, piece, s=scale: apply_scale(piece, s, rewrite.out_buffer))
+        after = rewrite.tensor(name, lambda index, piece, stats, buffer, s=scale: apply_scale(
+            piece, s, buffer, after=stats, index=index))
         _fill_after(entries[name], after, scale)
 
 
@@ -381,8 +430,8 @@ def _clip_per_tensor(reader: TensorReader, mode: Mode, selected: list[str], entr
         ndim = len(info.shape)
         after = rewrite.tensor(
             name,
-            lambda index, piece, s=scale, n=ndim, a=axes: apply_scale(piece, scale_for_piece(s, index, n, a),
-                                                                      rewrite.out_buffer),
+            lambda index, piece, stats, buffer, s=scale, n=ndim, a=axes: apply_scale(
+                piece, scale_for_piece(s, index, n, a), buffer, after=stats, index=index),
             axes=axes, held=held)
         _fill_after(entry, after, scale)
 
@@ -394,12 +443,13 @@ def _clip_values_of(reader: TensorReader, mode: ValueClip, name: str, entry: Ten
     before = TensorStats.empty(info.shape)
     changed = 0
 
-    def transform(index: tuple, piece: np.ndarray) -> np.ndarray:
+    def transform(index: tuple, piece: np.ndarray, after: TensorStats, buffer: bytearray) -> np.ndarray:
         nonlocal changed
         before.add(piece, index)
         out = clip_values(piece, lo, hi)
         same = (out == piece) | (np.isnan(out.astype(np.float32)) & np.isnan(piece.astype(np.float32)))
         changed += int(same.size - np.count_nonzero(same))
+        after.add(out, index)
         return out
 
     after = rewrite.tensor(name, transform)

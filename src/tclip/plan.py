@@ -101,7 +101,8 @@ def _work_dtype(dtype: np.dtype) -> np.dtype:
 SCALE_CHUNK_ELEMENTS = 1 << 17
 
 
-def apply_scale(piece: np.ndarray, scale: np.ndarray | float, out: bytearray | None = None) -> np.ndarray:
+def apply_scale(piece: np.ndarray, scale: np.ndarray | float, out: bytearray | None = None, *,
+                after: TensorStats | None = None, index: Index | None = None) -> np.ndarray:
     """``piece * scale`` computed in float64 and rounded once to ``piece.dtype``.
 
     ``scale`` broadcasts against ``piece`` (a scalar, or a keepdims block of
@@ -110,22 +111,28 @@ def apply_scale(piece: np.ndarray, scale: np.ndarray | float, out: bytearray | N
     in runs of rows through one small float64 buffer, never a float64 copy of
     the whole piece. With ``out`` (a buffer of at least ``piece.nbytes``) the
     result is a view of it, valid until the buffer is used again.
+
+    With ``after``, the statistics of the result (block ``index`` of its tensor)
+    are added to it run by run, while each run is still in cache.
     """
     scale_array = np.asarray(scale, dtype=np.float64)
-    if np.all(scale_array == 1.0):
-        result = _result_array(piece, out)
-        result[...] = piece
+    result = _result_array(piece, out)
+    if np.all(scale_array == 1.0) or piece.ndim == 0 or piece.size == 0:
+        if np.all(scale_array == 1.0):
+            result[...] = piece
+        else:
+            with np.errstate(invalid="ignore", over="ignore"):
+                result[...] = np.multiply(piece.astype(_work_dtype(piece.dtype)), scale_array)
+        if after is not None:
+            after.add(result, index)
         return result
     work = _work_dtype(piece.dtype)
-    if piece.ndim == 0 or piece.size == 0:
-        with np.errstate(invalid="ignore", over="ignore"):
-            return np.multiply(piece.astype(work), scale_array).astype(piece.dtype)
-    result = _result_array(piece, out)
     rows = piece.shape[0]
     per_row = piece.size // rows
     step = max(1, SCALE_CHUNK_ELEMENTS // max(per_row, 1))
     buffer = np.empty((min(step, rows),) + piece.shape[1:], dtype=work)
     row_scaled = scale_array.ndim == piece.ndim and scale_array.shape[0] == rows and rows > 1
+    first_row = 0 if index is None else (index[0].start or 0)
     with np.errstate(invalid="ignore", over="ignore"):  # inf * 0 is NaN, as in TensorFlow
         for start in range(0, rows, step):
             stop = min(start + step, rows)
@@ -133,6 +140,9 @@ def apply_scale(piece: np.ndarray, scale: np.ndarray | float, out: bytearray | N
             factor = scale_array[start:stop] if row_scaled else scale_array
             np.multiply(piece[start:stop], factor, out=part)
             result[start:stop] = part
+            if after is not None:
+                rest = index[1:] if index is not None else tuple(slice(0, n) for n in piece.shape[1:])
+                after.add(result[start:stop], (slice(first_row + start, first_row + stop),) + tuple(rest))
     return result
 
 

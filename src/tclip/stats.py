@@ -23,8 +23,8 @@ import numpy as np
 from .dtypes import is_bool as is_bool_dtype
 from .dtypes import is_complex
 
-# Elements squared and summed per BLAS call. The float64 copy of a chunk stays in
-# cache (1 MiB), and a dot product over at most 2**17 float64 values keeps the
+# Elements squared and summed at a time. The float64 copy of a chunk stays in
+# cache (1 MiB), and a sum of at most 2**17 float64 products keeps the
 # worst-case relative rounding error below 2**17 * 2**-53 ~= 1.5e-11; the chunk
 # totals are then added with compensated (Neumaier) summation.
 CHUNK_ELEMENTS = 1 << 17
@@ -78,6 +78,17 @@ def kept_index(index: Index | None, ndim: int, axes: tuple[int, ...] | None) -> 
     if index is None or axes is None:
         return (slice(None),) * ndim
     return tuple(slice(None) if i in axes else s for i, s in enumerate(index))
+
+
+def _compensated_add(total: float, carry: float, value: float) -> tuple[float, float]:
+    """Neumaier summation: ``total + value``, keeping in ``carry`` the low bits the addition drops."""
+    new_total = total + value
+    if math.isfinite(new_total):
+        if abs(total) >= abs(value):
+            carry += (total - new_total) + value
+        else:
+            carry += (value - new_total) + total
+    return new_total, carry
 
 
 @dataclass
@@ -185,11 +196,10 @@ class TensorStats:
             chunk = flat[start : start + CHUNK_ELEMENTS]
             x = buffer[: chunk.size]
             x[...] = chunk
-            if x.dtype == np.complex128:
-                pairs = x.view(np.float64)
-                sum_sq = float(np.dot(pairs, pairs))
-            else:
-                sum_sq = float(np.dot(x, x))
+            # einsum, not np.dot: a BLAS dot of this size spends more time
+            # waking its threads than summing (measured 1.7 vs 5 GB/s).
+            pairs = x.view(np.float64) if x.dtype == np.complex128 else x
+            sum_sq = float(np.einsum("i,i->", pairs, pairs))
             self._add_sum_of_squares(sum_sq)
             finite = finite and math.isfinite(sum_sq)
         self._add_magnitudes(flat, finite)
@@ -208,15 +218,8 @@ class TensorStats:
         self._add_magnitudes(piece, bool(np.isfinite(block).all()))
 
     def _add_sum_of_squares(self, value: float) -> None:
-        total = float(self.sum_of_squares)
-        new_total = total + value
-        if math.isfinite(new_total):
-            # Neumaier: keep the low-order bits that the addition dropped.
-            if abs(total) >= abs(value):
-                self._ss_carry += (total - new_total) + value
-            else:
-                self._ss_carry += (value - new_total) + total
-        self.sum_of_squares = np.asarray(new_total)
+        total, self._ss_carry = _compensated_add(float(self.sum_of_squares), self._ss_carry, value)
+        self.sum_of_squares = np.asarray(total)
 
     def _add_magnitudes(self, piece: np.ndarray, finite: bool) -> None:
         """max |x|, NaN/Inf counts and (if tracked) the sum of |x| of one block."""
@@ -241,13 +244,7 @@ class TensorStats:
             self.max_abs = max(self.max_abs, abs(largest))
             if self.track_l1:
                 part = float(np.abs(magnitude).sum(dtype=np.float64))
-                new_total = self.sum_abs + part
-                if math.isfinite(new_total):
-                    if abs(self.sum_abs) >= abs(part):
-                        self._abs_carry += (self.sum_abs - new_total) + part
-                    else:
-                        self._abs_carry += (part - new_total) + self.sum_abs
-                self.sum_abs = new_total
+                self.sum_abs, self._abs_carry = _compensated_add(self.sum_abs, self._abs_carry, part)
 
     @property
     def l1_norm(self) -> float:
