@@ -151,3 +151,13 @@ def test_shorten_middle_keeps_both_ends():
     short = shorten_middle(name, 40)
     assert len(short) == 40 and short.startswith("aaaa") and short.endswith("zzzz") and "…" in short
     assert shorten_middle("short", 40) == "short"
+
+
+def test_value_clip_counts_changes_but_not_nans(tmp_path):
+    source = tmp_path / "g.npz"
+    np.savez(source, t=np.array([np.nan, -5.0, 0.5, 7.0, np.nan], np.float32))
+    report = clip_file(source, ValueClip(-1.0, 1.0), ClipOptions(nonfinite="propagate", block_bytes=8))
+    (entry,) = report.tensors
+    assert entry.changed == 2 and entry.nan == 2
+    got = read_all(tmp_path / "g.clipped.npz")["t"]
+    np.testing.assert_array_equal(got, [np.nan, -1.0, 0.5, 1.0, np.nan])

@@ -445,10 +445,11 @@ def _clip_values_of(reader: TensorReader, mode: ValueClip, name: str, entry: Ten
 
     def transform(index: tuple, piece: np.ndarray, after: TensorStats, buffer: bytearray) -> np.ndarray:
         nonlocal changed
+        nans_before = before.nan_count
         before.add(piece, index)
         out = clip_values(piece, lo, hi)
-        same = (out == piece) | (np.isnan(out.astype(np.float32)) & np.isnan(piece.astype(np.float32)))
-        changed += int(same.size - np.count_nonzero(same))
+        # NaN stays NaN but compares unequal to itself: take this piece's NaNs off.
+        changed += int(np.count_nonzero(out != piece)) - (before.nan_count - nans_before)
         after.add(out, index)
         return out
 
