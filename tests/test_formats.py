@@ -284,3 +284,28 @@ def test_unknown_output_suffix(tmp_path):
     np.save(tmp_path / "a.npy", np.ones(3))
     with pytest.raises(TclipError, match="unknown output format"):
         rewrite(tmp_path / "a.npy", tmp_path / "out.txt")
+
+
+def test_hdf5_clip_keeps_references_dimension_scales_and_order(tmp_path):
+    from tclip.pipeline import clip_file
+    from tclip.plan import NormClip
+
+    source = tmp_path / "g.h5"
+    with h5py.File(source, "w", track_order=True) as f:
+        steps = f.create_dataset("steps", data=np.arange(4.0))
+        steps.make_scale("steps")
+        grad = f.create_dataset("grad", data=np.full((4, 3), 10.0, np.float32), chunks=(2, 3),
+                                compression="lzf", fletcher32=True, maxshape=(None, 3))
+        grad.dims[0].attach_scale(steps)
+        grad.attrs["source"] = steps.ref
+        f["float_type"] = np.dtype("f4")
+        f.create_dataset("b_after_a", data=np.ones(2, np.float32))
+    report = clip_file(source, NormClip(1.0))
+    assert [t.name for t in report.tensors] == ["grad", "b_after_a"]  # the scale is not a tensor
+    with h5py.File(tmp_path / "g.clipped.h5", "r") as f:
+        assert list(f.keys()) == ["steps", "grad", "float_type", "b_after_a"]
+        assert f[f["grad"].attrs["source"]].name == "/steps"
+        assert f["grad"].dims[0].keys() == ["steps"]
+        np.testing.assert_array_equal(f["steps"][()], np.arange(4.0))
+        assert (f["grad"].compression, f["grad"].fletcher32, f["grad"].maxshape) == ("lzf", True, (None, 3))
+        assert np.linalg.norm(f["grad"][()]) == pytest.approx(1.0, rel=1e-6)

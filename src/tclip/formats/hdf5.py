@@ -1,16 +1,17 @@
 """HDF5 files through h5py: every numeric dataset is a tensor named by its path.
 
-A rewrite reproduces the file around the tensors: the group tree, attributes on
-the root, groups and datasets, soft and external links, and every dataset's
-creation properties (chunking, compression filters, fill value) — rewritten
-tensors are created with the source dataset's own creation property list, and
-everything tclip does not rewrite (strings, compound data, untouched tensors) is
-copied with HDF5's own object copy.
+A rewrite starts from a byte copy of the source and overwrites the rewritten
+tensors' data in place, so everything else is exactly as it was: the group
+tree, attributes (object references and dimension scales included), links,
+creation order, chunking, compression filters, fill values and every dataset
+tclip does not change (strings, compound data, dimension scales, untouched
+tensors).
 """
 
 from __future__ import annotations
 
 import posixpath
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,8 @@ _H5_ERRORS = (OSError, ValueError, RuntimeError, KeyError, TypeError)
 def _is_numeric(dataset: h5py.Dataset) -> bool:
     dtype = dataset.dtype
     if dataset.shape is None or h5py.check_enum_dtype(dtype) is not None:
+        return False
+    if h5py.h5ds.is_scale(dataset.id):  # coordinates of another dataset's axis, not a tensor
         return False
     if h5py.check_vlen_dtype(dtype) is not None or h5py.check_string_dtype(dtype) is not None:
         return False
@@ -117,21 +120,16 @@ def _first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
-def copy_attributes(source: h5py.HLObject, target: h5py.HLObject, path: Path) -> None:
-    """Copy every attribute with its exact stored type."""
-    for key in source.attrs:
-        try:
-            value = source.attrs[key]
-            if isinstance(value, h5py.Empty):
-                target.attrs[key] = value
-            else:
-                target.attrs.create(key, value, dtype=source.attrs.get_id(key).dtype)
-        except _H5_ERRORS as error:
-            raise UnsupportedError(f"attribute {key!r} of {source.name} cannot be copied "
-                                   f"({_first_line(error)})", path) from None
-
-
 class Hdf5Writer(TensorWriter):
+    """Writes HDF5. Created like an HDF5 reader, it starts from a byte copy of the
+    source file and overwrites the rewritten tensors' data in place, so every
+    structure HDF5 can hold survives as it was: groups, attributes (object
+    references and dimension scales included), links, named types, creation
+    order, chunking, filters and fill values. (Rewritten compressed chunks that
+    no longer fit their old space are stored anew; the file can grow a little.)
+    From another format, datasets are created at the tensors' paths.
+    """
+
     format_name = "hdf5"
 
     def __init__(self, target: Path, tensors: list[TensorInfo], output: AtomicOutput,
@@ -145,74 +143,34 @@ class Hdf5Writer(TensorWriter):
                 raise UnsupportedError(f"tensor {info.name!r} of dtype {info.dtype} cannot be written to HDF5",
                                        target)
         self._like = like if isinstance(like, Hdf5Reader) else None
-        self._created: set[str] = set()
         self._current: tuple[str, h5py.Dataset] | None = None
         try:
             if self._like is not None:
-                source = self._like.file
-                plist = source.id.get_create_plist()
-                self.file = h5py.File(output.temp, "w", userblock_size=source.userblock_size or None,
-                                      track_order=bool(plist.get_link_creation_order()))
-                copy_attributes(source, self.file, target)
-                self._replicate(source, self.file, {})
+                shutil.copyfile(self._like.path, output.temp)  # the kernel's copy, as cp does
+                self.file = h5py.File(output.temp, "r+")
             else:
                 self.file = h5py.File(output.temp, "w")
                 for key, value in (metadata or {}).items():
                     self.file.attrs[key] = value
+        except OSError as error:
+            self._close_quietly()
+            raise UnsupportedError(f"cannot write HDF5 ({_first_line(error)})", target) from None
         except BaseException:
             self._close_quietly()
             raise
-
-    def _replicate(self, source: h5py.Group, target: h5py.Group, seen: dict[Any, str]) -> None:
-        """Recreate the tree under ``source`` except the tensors, which come later."""
-        for key in source:
-            link = source.get(key, getlink=True)
-            if isinstance(link, h5py.SoftLink):
-                target[key] = h5py.SoftLink(link.path)
-                continue
-            if isinstance(link, h5py.ExternalLink):
-                target[key] = h5py.ExternalLink(link.filename, link.path)
-                continue
-            obj = source[key]
-            address = obj.id  # h5py object ids compare equal for hard links to one object
-            if address in seen:  # a second hard link to an object already created
-                target[key] = target.file[seen[address]]
-                continue
-            name = obj.name.lstrip("/")
-            if isinstance(obj, h5py.Group):
-                plist = obj.id.get_create_plist()
-                group = target.create_group(key, track_order=bool(plist.get_link_creation_order()))
-                copy_attributes(obj, group, self.target)
-                seen[address] = group.name
-                self._replicate(obj, group, seen)
-            elif isinstance(obj, h5py.Dataset) and name in self.tensors:
-                seen[address] = "/" + name  # created on first write or copy
-            else:
-                source.copy(obj, target, name=key)
-                seen[address] = target[key].name
 
     def _dataset(self, name: str) -> h5py.Dataset:
         # Only the dataset being written is kept open: HDF5 holds several MiB
         # per open dataset being written, which would grow with the tensor count.
         if self._current is not None and self._current[0] == name:
             return self._current[1]
-        if name in self._created:
+        if name in self.file:
             dataset = self.file[name]
-            self._current = (name, dataset)
-            return dataset
-        info = self.tensors[name]
-        parent_name, base = posixpath.split(name)
-        parent = self.file.require_group(parent_name) if parent_name else self.file
-        if self._like is not None and name in self._like.tensors:
-            source = self._like.file[name]
-            # The source's creation property list carries chunking, filters and fill value.
-            dsid = h5py.h5d.create(parent.id, base.encode(), source.id.get_type(), source.id.get_space(),
-                                   dcpl=source.id.get_create_plist())
-            dataset = h5py.Dataset(dsid)
-            copy_attributes(source, dataset, self.target)
         else:
+            info = self.tensors[name]
+            parent_name, base = posixpath.split(name)
+            parent = self.file.require_group(parent_name) if parent_name else self.file
             dataset = parent.create_dataset(base, shape=info.shape, dtype=info.dtype)
-        self._created.add(name)
         self._current = (name, dataset)
         return dataset
 
@@ -229,17 +187,13 @@ class Hdf5Writer(TensorWriter):
             dataset[index] = data
 
     def copy_tensor(self, reader: TensorReader, name: str, max_bytes: int = 8 << 20) -> None:
-        if isinstance(reader, Hdf5Reader) and reader is self._like and name not in self._created:
-            parent_name, base = posixpath.split(name)
-            parent = self.file.require_group(parent_name) if parent_name else self.file
-            reader.file.copy(reader.file[name], parent, name=base)
-            self._created.add(name)
-            return
+        if reader is self._like:
+            return  # already there, byte for byte
         super().copy_tensor(reader, name, max_bytes)
 
     def _finish(self) -> None:
         for name in self.tensors:  # empty tensors never receive a block
-            if name not in self._created:
+            if name not in self.file:
                 self._dataset(name)
         self._current = None
         self.file.flush()
