@@ -72,7 +72,7 @@ class Hdf5Reader(TensorReader):
             raise FormatError(f"not a valid HDF5 file ({_first_line(error)})", path) from None
         try:
             self.metadata = attributes(self.file)
-            self.file.visititems(self._visit)
+            self._walk(self.file, set())
         except FormatError:
             self.file.close()
             raise
@@ -80,12 +80,21 @@ class Hdf5Reader(TensorReader):
             self.file.close()
             raise FormatError(f"cannot read the file's structure ({_first_line(error)})", path) from None
 
-    def _visit(self, name: str, obj: Any) -> None:
-        if not isinstance(obj, h5py.Dataset):
-            return
-        if not _is_numeric(obj):
-            return
-        self.tensors[name] = TensorInfo(name, tuple(obj.shape), obj.dtype, attrs=attributes(obj))
+    def _walk(self, group: h5py.Group, seen: set[Any]) -> None:
+        """Datasets in the file's own order (creation order where it is tracked),
+        each object once; soft and external links are not followed."""
+        for key in group:
+            if not isinstance(group.get(key, getlink=True), h5py.HardLink):
+                continue
+            obj = group[key]
+            if obj.id in seen:  # h5py object ids compare equal for hard links to one object
+                continue
+            seen.add(obj.id)
+            if isinstance(obj, h5py.Group):
+                self._walk(obj, seen)
+            elif isinstance(obj, h5py.Dataset) and _is_numeric(obj):
+                name = obj.name.lstrip("/")
+                self.tensors[name] = TensorInfo(name, tuple(obj.shape), obj.dtype, attrs=attributes(obj))
 
     def close(self) -> None:
         try:
