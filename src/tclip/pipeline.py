@@ -390,6 +390,10 @@ def _clip_global(reader: TensorReader, mode: GlobalNormClip, selected: list[str]
             rewrite.copy(name)
             continue
         scale = scales[name]
+        if np.all(scale == 1.0):  # nothing to change: copy the bytes as they are
+            rewrite.copy(name)
+            _fill_after(entries[name], stats[name], scale)
+            continue
         after = rewrite.tensor(name, lambda index, piece, stats, buffer, s=scale: apply_scale(
             piece, s, buffer, after=stats, index=index))
         _fill_after(entries[name], after, scale)
@@ -427,6 +431,10 @@ def _clip_per_tensor(reader: TensorReader, mode: Mode, selected: list[str], entr
         if refuse_nonfinite and stats.nonfinite_count:
             continue
         scale = plan_scales(mode, {name: stats})[name]
+        if np.all(scale == 1.0):  # within the limit: copy the bytes as they are
+            rewrite.copy(name)
+            _fill_after(entry, stats, scale)
+            continue
         ndim = len(info.shape)
         after = rewrite.tensor(
             name,
