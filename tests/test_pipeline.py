@@ -161,3 +161,21 @@ def test_value_clip_counts_changes_but_not_nans(tmp_path):
     assert entry.changed == 2 and entry.nan == 2
     got = read_all(tmp_path / "g.clipped.npz")["t"]
     np.testing.assert_array_equal(got, [np.nan, -1.0, 0.5, 1.0, np.nan])
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".safetensors", ".npz", ".h5"])
+def test_file_within_the_limit_comes_back_byte_identical(tmp_path, suffix):
+    source = tmp_path / f"g{suffix}"
+    tensors = {"w": np.asfortranarray((RNG.standard_normal((5, 7)) * 0.01).astype(np.float32))}
+    if suffix == ".npy":
+        np.save(source, tensors["w"])
+    else:
+        write(source, {"w": np.ascontiguousarray(tensors["w"]), "step": np.array(3, np.int64)})
+    report = clip_file(source, GlobalNormClip(1000.0))
+    assert report.clipped_count == 0 and report.global_norm_after == report.global_norm
+    output = tmp_path / f"g.clipped{suffix}"
+    if suffix in (".npy", ".safetensors", ".npz"):
+        assert output.read_bytes() == source.read_bytes()
+    else:
+        got = read_all(output)
+        assert got["w"].tobytes() == np.ascontiguousarray(tensors["w"]).tobytes()

@@ -285,6 +285,25 @@ def write_all(handle: BinaryIO, data: np.ndarray, fortran: bool = False) -> None
     handle.write(np.ascontiguousarray(array).reshape(-1).view(np.uint8).data)
 
 
+def copy_bytes(source_fd: int, offset: int, count: int, target: BinaryIO, path: object) -> None:
+    """Append ``count`` bytes of a file from ``offset`` to ``target``, in the kernel
+    where it can (``copy_file_range``, what ``cp`` uses), else through a buffer."""
+    target.flush()
+    target_fd = target.fileno()
+    while count:
+        try:
+            done = os.copy_file_range(source_fd, target_fd, count, offset)
+        except (AttributeError, OSError):
+            done = -1
+        if done <= 0:
+            chunk = os.pread(source_fd, min(count, DEFAULT_BLOCK_BYTES), offset)
+            if not chunk:
+                raise FormatError("file is truncated", path)
+            done = os.write(target_fd, chunk)
+        offset += done
+        count -= done
+
+
 class SequentialBlocks:
     """Checks that blocks arrive exactly in the order a sequential writer needs."""
 

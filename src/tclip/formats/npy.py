@@ -27,6 +27,7 @@ from .base import (
     TensorReader,
     TensorWriter,
     checked_size,
+    copy_bytes,
     write_all,
 )
 
@@ -104,6 +105,9 @@ class NpyReader(TensorReader):
     def close(self) -> None:
         self._file.close()
 
+    def fileno(self) -> int:
+        return self._file.fileno()
+
     def read(self, name: str, index: Index | None = None, scratch: bytearray | None = None) -> np.ndarray:
         return self._source.read(self.data_offset, self.tensors[name], index, scratch)
 
@@ -130,6 +134,13 @@ class NpyWriter(TensorWriter):
     def write(self, name: str, index: Index, data: np.ndarray) -> None:
         self._order.check(self.info, index)
         write_all(self._file, np.asarray(data, dtype=self.info.dtype), self.info.fortran_order)
+
+    def copy_tensor(self, reader: TensorReader, name: str, max_bytes: int = 8 << 20) -> None:
+        if not (isinstance(reader, NpyReader) and reader.tensors[name] == self.info):
+            return super().copy_tensor(reader, name, max_bytes)
+        # Same dtype, shape and order: the data region is copied byte for byte.
+        self._order.check(self.info, tuple(slice(0, n) for n in self.info.shape))
+        copy_bytes(reader.fileno(), reader.data_offset, self.info.nbytes, self._file, reader.path)
 
     def _finish(self) -> None:
         if self._order.expected.get(self.info.name, 0) != self.info.size:

@@ -28,6 +28,7 @@ from .base import (
     TensorReader,
     TensorWriter,
     checked_size,
+    copy_bytes,
     write_all,
 )
 
@@ -162,6 +163,9 @@ class SafetensorsReader(TensorReader):
     def read(self, name: str, index: Index | None = None, scratch: bytearray | None = None) -> np.ndarray:
         return self._source.read(self.offsets[name], self.tensors[name], index, scratch)
 
+    def fileno(self) -> int:
+        return self._file.fileno()
+
     def raw_range(self, name: str) -> tuple[int, int]:
         """(file offset, byte count) of a tensor's data."""
         return self.offsets[name], self.tensors[name].nbytes
@@ -232,15 +236,8 @@ class SafetensorsWriter(TensorWriter):
         self._advance_to(name)
         info = self.tensors[name]
         self._blocks.check(info, tuple(slice(0, n) for n in info.shape))
-        offset, remaining = reader.raw_range(name)
-        self._file.flush()
-        while remaining:
-            chunk = os.pread(reader._file.fileno(), min(remaining, max_bytes), offset)
-            if not chunk:
-                raise FormatError(f"tensor {name!r}: file is truncated", reader.path)
-            self._file.write(chunk)
-            offset += len(chunk)
-            remaining -= len(chunk)
+        offset, count = reader.raw_range(name)
+        copy_bytes(reader.fileno(), offset, count, self._file, reader.path)
 
     def _finish(self) -> None:
         while self._position < len(self._order):
