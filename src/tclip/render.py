@@ -255,10 +255,13 @@ def render_file(report: FileReport, console: Console) -> None:
 
 
 def render_info(info: InfoReport, console: Console) -> None:
-    table = Table(title=Text(f"{info.file}  ({info.format}, {human_bytes(info.size_bytes)})", style="bold"),
-                  title_justify="left", header_style="bold", pad_edge=False)
-    name_width = max(16, min(60, console.width - 40))
-    table.add_column("tensor", no_wrap=True, max_width=name_width)
+    title = Text(info.file, style="bold", no_wrap=True, overflow="ignore")
+    title.append(f"  ({info.format}, {human_bytes(info.size_bytes)})")
+    console.print(title, soft_wrap=True)
+    table = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, padding=(0, 1, 0, 0))
+    longest = max((len(t.name) for t in info.tensors), default=6)
+    name_width = max(16, min(60, longest, console.width - 40))
+    table.add_column("tensor", no_wrap=True, min_width=min(name_width, longest))
     table.add_column("shape", no_wrap=True)
     table.add_column("dtype", no_wrap=True)
     table.add_column("params", justify="right")
@@ -269,10 +272,12 @@ def render_info(info: InfoReport, console: Console) -> None:
     console.print(table)
     counts = info.params_by_dtype()
     total = sum(counts.values())
-    console.print(Text(f"{len(info.tensors)} tensors, {total:,} parameters: "
+    noun = "tensor" if len(info.tensors) == 1 else "tensors"
+    console.print(Text(f"{len(info.tensors)} {noun}, {total:,} parameters: "
                        + ", ".join(f"{dtype} {n:,}" for dtype, n in counts.items()), style="bold"))
     if info.metadata:
-        meta = Table(title="metadata", title_justify="left", show_header=False, pad_edge=False, box=None)
+        console.print(Text("metadata", style="bold"))
+        meta = Table(show_header=False, pad_edge=False, box=None, padding=(0, 2, 0, 0))
         meta.add_column("key", style="cyan", no_wrap=True)
         meta.add_column("value")
         for key, value in info.metadata.items():
