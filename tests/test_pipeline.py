@@ -179,3 +179,14 @@ def test_file_within_the_limit_comes_back_byte_identical(tmp_path, suffix):
     else:
         got = read_all(output)
         assert got["w"].tobytes() == np.ascontiguousarray(tensors["w"]).tobytes()
+
+
+@pytest.mark.parametrize("axes", [None, (0,), (1,), (0, 2)])
+def test_fortran_order_npy_clips_like_the_core(tmp_path, axes):
+    t = np.asfortranarray((RNG.standard_normal((6, 5, 4)) * 3).astype(np.float32))
+    source = tmp_path / "f.npy"
+    np.save(source, t)
+    clip_file(source, NormClip(2.0, axes=axes), ClipOptions(block_bytes=40))
+    out = np.load(tmp_path / "f.clipped.npy")
+    assert out.flags.f_contiguous and not out.flags.c_contiguous
+    np.testing.assert_array_equal(out, tclip.clip_by_norm(t, 2.0, axes=axes))
