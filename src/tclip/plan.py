@@ -176,16 +176,15 @@ def value_bounds(dtype: np.dtype, clip_value_min: object, clip_value_max: object
                 raise TypeError(
                     f"{name}: expected an integer bound for a {dtype.name} tensor, got {_short(bound)}"
                 )
-        info = np.iinfo(dtype)
-        # Bounds beyond the dtype's range clip nothing on that side.
-        lo_int = np.clip(lo.astype(np.float64), info.min, info.max).astype(dtype)
-        hi_int = np.clip(hi.astype(np.float64), info.min, info.max).astype(dtype)
-        if is_integral(lo.dtype):
-            lo_int = np.clip(lo, info.min, info.max).astype(dtype)
-        if is_integral(hi.dtype):
-            hi_int = np.clip(hi, info.min, info.max).astype(dtype)
-        return lo_int, hi_int
+        return _within_int_range(lo, dtype), _within_int_range(hi, dtype)
     return lo.astype(dtype), hi.astype(dtype)
+
+
+def _within_int_range(bound: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """An integral bound as ``dtype``; beyond the dtype's range it clips nothing on that side."""
+    info = np.iinfo(dtype)
+    exact = bound if is_integral(bound.dtype) else bound.astype(np.float64)  # int64 stays exact
+    return np.clip(exact, info.min, info.max).astype(dtype)
 
 
 def _short(value: np.ndarray) -> str:
