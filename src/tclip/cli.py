@@ -36,6 +36,8 @@ from .report import FileReport
 
 EXIT_FAILED = 1
 EXIT_CHECK_FAILED = 3
+# Files smaller than this take well under a second: no progress bar flashing by.
+PROGRESS_MIN_BYTES = 64 << 20
 
 
 # --------------------------------------------------------------------------- parameter types
@@ -209,7 +211,11 @@ class Runner:
 
     def _with_progress(self, path: Path, work: Callable[[Path, Any], Any]) -> Any:
         progress = self.progress()
-        if progress is None:
+        try:
+            small = path.stat().st_size < PROGRESS_MIN_BYTES
+        except OSError:
+            small = True  # the work itself reports the error
+        if progress is None or small:
             return work(path, None)
         with progress:
             task = progress.add_task(path.name, total=None)
