@@ -3,8 +3,8 @@
 The test suite must not need TensorFlow (a 600 MB install), so this script is
 run by hand in an environment that has it, and its output is committed:
 
-    python -m venv /tmp/tf && /tmp/tf/bin/pip install tensorflow-cpu==2.21.0
-    /tmp/tf/bin/python tests/reference/make_tf_reference.py
+    python -m venv tf-env && tf-env/bin/pip install tensorflow-cpu==2.21.0
+    tf-env/bin/python tests/reference/make_tf_reference.py
 
 Each case stores its inputs and TensorFlow's outputs as arrays named
 ``{case}/in{j}`` and ``{case}/out{j}``, and its function and parameters as JSON
