@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from .dtypes import dtype_name, is_floating
-from .errors import NonFiniteError, TclipError
+from .errors import NonFiniteError, TclipError, UnsupportedError
 from .formats import (
     DEFAULT_BLOCK_BYTES,
     TensorInfo,
@@ -134,6 +134,8 @@ def _skip_reason(info: TensorInfo, selection: Selection, axes: object = None) ->
     can take the axes."""
     if not selection.matches(info.name):
         return "not selected"
+    if info.refused:
+        return info.refused
     if not info.numeric:
         return f"{info.dtype} is not numeric"
     if not is_floating(info.dtype):
@@ -328,6 +330,13 @@ def clip_file(path: Path | str, mode: Mode, options: ClipOptions | None = None,
             entries[info.name].skipped = reason
             if reason is None:
                 selected.append(info.name)
+        refused = [info for info in reader.tensors.values()
+                   if info.refused and options.selection.matches(info.name) and is_floating(info.dtype)]
+        if refused:
+            first = refused[0]
+            more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
+            raise UnsupportedError(f"tensor {first.name!r}{more}: {first.refused}; nothing was written. "
+                                   "Leave such tensors out with --exclude to clip the rest", path)
         rank_skips = [t for t in report.tensors if t.skipped and t.skipped.startswith(("rank ", "axes "))]
         if rank_skips:
             listing = ", ".join(f"{t.name} ({t.skipped})" for t in rank_skips)

@@ -11,10 +11,12 @@ metadata), receives every tensor in the blocks it asks for via
 
 from __future__ import annotations
 
+import errno
 import itertools
 import math
 import os
 import secrets
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -43,6 +45,9 @@ class TensorInfo:
         fortran_order: the data is stored column-major (.npy only).
         numeric: False for data tclip never changes nor reads as numbers
             (void/opaque types); such tensors are copied as they are.
+        refused: why tclip will not read this tensor's data at all (None: it
+            will), e.g. HDF5 external storage or a virtual dataset, whose data
+            lives in other files. Such a tensor is never read nor written.
     """
 
     name: str
@@ -51,6 +56,7 @@ class TensorInfo:
     fortran_order: bool = False
     numeric: bool = True
     attrs: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    refused: str | None = field(default=None, compare=False)
 
     @property
     def size(self) -> int:
@@ -322,6 +328,55 @@ class SequentialBlocks:
 # --------------------------------------------------------------------------- atomic output
 
 
+def _rename_noreplace(source: Path, target: Path) -> bool:
+    """Move ``source`` to ``target`` unless ``target`` exists, atomically; False if it exists.
+
+    Checking for the target and then renaming would race with another run
+    writing the same output. A hard link fails atomically when the target
+    exists (then the temporary name is removed); where the file system has no
+    hard links, ``renameat2(RENAME_NOREPLACE)`` does the same in one call.
+    Only where neither exists does a check-then-rename remain.
+    """
+    try:
+        os.link(source, target)
+    except FileExistsError:
+        return False
+    except OSError as error:
+        if error.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV, errno.EMLINK,
+                               errno.ENOSYS, errno.EACCES):
+            raise
+        done = _renameat2_noreplace(source, target)
+        if done is None:  # neither links nor renameat2 here
+            if os.path.lexists(target):
+                return False
+            os.rename(source, target)
+        return done is not False
+    os.unlink(source)
+    return True
+
+
+def _renameat2_noreplace(source: Path, target: Path) -> bool | None:
+    """renameat2 with RENAME_NOREPLACE (Linux); None where it is unavailable."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes  # only on file systems without hard links: a rare path
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    function = getattr(libc, "renameat2", None)
+    if function is None:
+        return None
+    at_fdcwd, rename_noreplace = -100, 1
+    result = function(at_fdcwd, os.fsencode(source), at_fdcwd, os.fsencode(target), rename_noreplace)
+    if result == 0:
+        return True
+    code = ctypes.get_errno()
+    if code == errno.EEXIST:
+        return False
+    if code in (errno.ENOSYS, errno.EINVAL):
+        return None
+    raise OSError(code, os.strerror(code), str(target))
+
+
 class AtomicOutput:
     """A temporary file beside ``target`` that replaces it only on :meth:`commit`.
 
@@ -342,9 +397,6 @@ class AtomicOutput:
         self._done = False
 
     def commit(self) -> None:
-        if not self.overwrite and self.target.exists():
-            self.abort()
-            raise OutputExistsError("output appeared while writing; pass --force to replace it", self.target)
         try:
             fd = os.open(self.temp, os.O_RDONLY)
             try:
@@ -353,7 +405,12 @@ class AtomicOutput:
                 os.close(fd)
             if self.mode_from is not None and self.mode_from.exists():
                 os.chmod(self.temp, self.mode_from.stat().st_mode & 0o7777)
-            os.replace(self.temp, self.target)
+            if self.overwrite:
+                os.replace(self.temp, self.target)
+            elif not _rename_noreplace(self.temp, self.target):
+                self.abort()
+                raise OutputExistsError("output already exists (it appeared while writing); "
+                                        "pass --force to replace it", self.target)
             self._done = True
             dir_fd = os.open(self.target.parent, os.O_RDONLY)
             try:

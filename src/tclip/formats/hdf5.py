@@ -43,6 +43,25 @@ def _is_numeric(dataset: h5py.Dataset) -> bool:
     return dtype.kind in "biufc" and dtype.fields is None
 
 
+def foreign_storage(dataset: h5py.Dataset) -> str | None:
+    """Why a dataset's data is not in this file (external storage, virtual), or None.
+
+    Such data lives in other files, named by the file itself: reading it would
+    read any file the author chose, writing it would write there. tclip does
+    neither (see README, Security).
+    """
+    if dataset.is_virtual:
+        sources = sorted({str(m.file_name) for m in dataset.virtual_sources()})
+        shown = ", ".join(repr(s) for s in sources[:3]) + (" ..." if len(sources) > 3 else "")
+        return f"virtual dataset: its data lives in other files ({shown}), which tclip never reads or writes"
+    external = dataset.external
+    if external:
+        names = sorted({e[0].decode("utf-8", "replace") if isinstance(e[0], bytes) else str(e[0]) for e in external})
+        shown = ", ".join(repr(n) for n in names[:3]) + (" ..." if len(names) > 3 else "")
+        return f"external storage: its data lives in other files ({shown}), which tclip never reads or writes"
+    return None
+
+
 def attributes(obj: h5py.HLObject) -> dict[str, Any]:
     """An object's attributes as plain values (for reports), in the file's order."""
     out: dict[str, Any] = {}
@@ -94,7 +113,8 @@ class Hdf5Reader(TensorReader):
                 self._walk(obj, seen)
             elif isinstance(obj, h5py.Dataset) and _is_numeric(obj):
                 name = obj.name.lstrip("/")
-                self.tensors[name] = TensorInfo(name, tuple(obj.shape), obj.dtype, attrs=attributes(obj))
+                self.tensors[name] = TensorInfo(name, tuple(obj.shape), obj.dtype, attrs=attributes(obj),
+                                                refused=foreign_storage(obj))
 
     def close(self) -> None:
         try:
@@ -115,6 +135,8 @@ class Hdf5Reader(TensorReader):
             yield tuple(slice(s.start, s.stop) for s in chunk)
 
     def read(self, name: str, index: Index | None = None, scratch: bytearray | None = None) -> np.ndarray:
+        if self.tensors[name].refused:
+            raise UnsupportedError(f"tensor {name!r}: {self.tensors[name].refused}", self.path)
         dataset = self.file[name]
         try:
             data = dataset[()] if index is None or not index else dataset[index]
@@ -175,6 +197,10 @@ class Hdf5Writer(TensorWriter):
             return self._current[1]
         if name in self.file:
             dataset = self.file[name]
+            # Never write through to another file (external storage, virtual sources).
+            reason = foreign_storage(dataset)
+            if reason is not None:
+                raise UnsupportedError(f"tensor {name!r}: {reason}", self.target)
         else:
             info = self.tensors[name]
             parent_name, base = posixpath.split(name)
