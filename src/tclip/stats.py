@@ -2,13 +2,19 @@
 
 This is pass 1 of every norm-based clip: one read of the data yields, per tensor,
 the sum of squares (in float64, over the whole tensor or per slice along
-``axes``), the sum and maximum of ``|x|`` and the NaN/Inf counts. Pieces may come
-in any order and any shape, as long as each is a rectangular block of the tensor
-named by a tuple of slices (``index``); two accumulators over disjoint blocks of
-the same tensor (or two workers' shares) merge into the statistics of the union.
+``axes``), the smallest and largest value, the sum of ``|x|`` on request and the
+NaN/Inf counts. Pieces may come in any order and any shape, as long as each is
+a rectangular block of the tensor named by a tuple of slices (``index``); two
+accumulators over disjoint blocks of the same tensor (or two workers' shares)
+merge into the statistics of the union.
 
-The whole-array functions in :mod:`tclip.ops` use exactly this code, so the file
-pipeline and the NumPy API cannot disagree.
+Each piece is reduced unit by unit (:mod:`tclip.units`, :mod:`tclip.kernels`)
+and the whole-tensor sums of the units are added *exactly* (the running sum
+is kept as a list of non-overlapping floats, rounded once when read), so the
+order in which units, blocks, threads or files arrive cannot change a bit of
+the result. Per-slice sums are added in unit order. The whole-array
+functions in :mod:`tclip.ops` use exactly this code, so the file pipeline and
+the NumPy API cannot disagree.
 """
 
 from __future__ import annotations
@@ -20,16 +26,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .dtypes import is_bool as is_bool_dtype
-from .dtypes import is_complex
-
-# Elements squared and summed at a time. The float64 copy of a chunk stays in
-# cache (1 MiB), and a sum of at most 2**17 float64 products keeps the
-# worst-case relative rounding error below 2**17 * 2**-53 ~= 1.5e-11; the chunk
-# totals are then added with compensated (Neumaier) summation.
-CHUNK_ELEMENTS = 1 << 17
+from .kernels import EXPONENT_BINS, UnitMoments, reduce_unit
+from .units import UNIT_ELEMENTS, UnitGrid
 
 Index = tuple[slice, ...]
+_LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
 def normalize_axes(axes: object, ndim: int, *, argname: str = "axes") -> tuple[int, ...] | None:
@@ -80,15 +81,90 @@ def kept_index(index: Index | None, ndim: int, axes: tuple[int, ...] | None) -> 
     return tuple(slice(None) if i in axes else s for i, s in enumerate(index))
 
 
-def _compensated_add(total: float, carry: float, value: float) -> tuple[float, float]:
-    """Neumaier summation: ``total + value``, keeping in ``carry`` the low bits the addition drops."""
-    new_total = total + value
-    if math.isfinite(new_total):
-        if abs(total) >= abs(value):
-            carry += (total - new_total) + value
-        else:
-            carry += (value - new_total) + total
-    return new_total, carry
+def kept_spec(ndim: int, axes: tuple[int, ...]) -> str:
+    """The einsum output letters that keep every axis but ``axes``."""
+    return "".join(c for i, c in enumerate(_LETTERS[:ndim]) if i not in axes)
+
+
+class ExactSum:
+    """A float sum kept exactly (Shewchuk's non-overlapping partials), rounded once when read.
+
+    Adding the same numbers in any order, or merging two exact sums, gives
+    the same bits. Infinities and NaN are kept aside, as in ``math.fsum``.
+    """
+
+    __slots__ = ("partials", "special")
+
+    def __init__(self) -> None:
+        self.partials: list[float] = []
+        self.special = 0.0
+
+    def add(self, x: float) -> None:
+        if not math.isfinite(x):
+            self.special += x
+            return
+        partials, i = self.partials, 0
+        for y in partials:
+            if abs(x) < abs(y):
+                x, y = y, x
+            high = x + y
+            low = y - (high - x)
+            if low:
+                partials[i] = low
+                i += 1
+            x = high
+        partials[i:] = [x]
+
+    def merge(self, other: "ExactSum") -> None:
+        for value in other.partials:
+            self.add(value)
+        self.special += other.special
+
+    def copy(self) -> "ExactSum":
+        twin = ExactSum()
+        twin.partials, twin.special = list(self.partials), self.special
+        return twin
+
+    @property
+    def value(self) -> float:
+        if self.special != 0.0 or math.isnan(self.special):
+            return self.special
+        return math.fsum(self.partials)
+
+    def __getstate__(self) -> tuple[list[float], float]:
+        return self.partials, self.special
+
+    def __setstate__(self, state: tuple[list[float], float]) -> None:
+        self.partials, self.special = state
+
+
+@dataclass
+class Moments:
+    """Mean, spread, zeros and a log2-magnitude histogram, accumulated exactly."""
+
+    total: ExactSum = field(default_factory=ExactSum)
+    zeros: int = 0
+    exponents: np.ndarray = field(default_factory=lambda: np.zeros(EXPONENT_BINS, np.int64))
+
+    def add(self, unit: UnitMoments) -> None:
+        self.total.add(unit.total)
+        self.zeros += unit.zeros
+        self.exponents += unit.exponents
+
+    def merge(self, other: "Moments") -> "Moments":
+        merged = Moments(self.total.copy(), self.zeros + other.zeros, self.exponents + other.exponents)
+        merged.total.merge(other.total)
+        return merged
+
+    def histogram(self) -> tuple[int, list[int]]:
+        """(lowest power of two, counts per power) over the non-zero finite magnitudes:
+        ``counts[i]`` values have ``2**(lowest+i) <= |x| < 2**(lowest+i+1)``."""
+        finite = self.exponents[1:EXPONENT_BINS - 1]
+        present = np.flatnonzero(finite)
+        if not present.size:
+            return 0, []
+        first, last = int(present[0]), int(present[-1])
+        return first + 1 - 1023, [int(c) for c in finite[first:last + 1]]
 
 
 @dataclass
@@ -104,8 +180,11 @@ class TensorStats:
         sum_abs: sum of ``|x|`` over the tensor (the L1 norm), float64; only
             accumulated when ``track_l1`` (it costs a pass over the data).
         max_abs: largest ``|x|`` that is not NaN (0.0 before any element).
+        min_value, max_value: smallest and largest value that is not NaN
+            (``inf``/``-inf`` before any; for complex data, of the magnitudes).
         nan_count, inf_count: how many elements are NaN / +-Inf.
         count: how many elements have been added.
+        moments: mean/zeros/histogram accumulators when ``track_moments``.
     """
 
     shape: tuple[int, ...]
@@ -117,32 +196,46 @@ class TensorStats:
     inf_count: int = 0
     count: int = 0
     track_l1: bool = False
-    # Neumaier compensation terms for the scalar sums (whole-tensor case).
-    _ss_carry: float = field(default=0.0, repr=False)
-    _abs_carry: float = field(default=0.0, repr=False)
+    min_value: float = math.inf
+    max_value: float = -math.inf
+    track_moments: bool = False
+    moments: Moments | None = None
+    _total: ExactSum = field(default_factory=ExactSum, repr=False)
+    _abs_total: ExactSum = field(default_factory=ExactSum, repr=False)
 
     def __post_init__(self) -> None:
         self.shape = tuple(int(n) for n in self.shape)
         if self.sum_of_squares is None:
-            target = () if self.axes is None else reduced_shape(self.shape, self.axes)
-            self.sum_of_squares = np.zeros(target, dtype=np.float64)
+            if self.axes is None:
+                self.sum_of_squares = np.zeros((), dtype=np.float64)
+            elif math.prod(self.shape) == 0:
+                # An empty tensor has nothing to reduce, whatever its other dimensions
+                # claim: no (possibly huge) per-slice array for it.
+                self.sum_of_squares = np.zeros(tuple(0 for _ in self.shape), dtype=np.float64)
+            else:
+                self.sum_of_squares = np.zeros(reduced_shape(self.shape, self.axes), dtype=np.float64)
+        if self.track_moments and self.moments is None:
+            self.moments = Moments()
 
     @classmethod
-    def empty(cls, shape: Sequence[int], axes: object = None, *, track_l1: bool = False) -> "TensorStats":
+    def empty(cls, shape: Sequence[int], axes: object = None, *, track_l1: bool = False,
+              track_moments: bool = False) -> "TensorStats":
         """Statistics of nothing yet, for a tensor of ``shape`` reduced over ``axes``."""
-        return cls(tuple(shape), normalize_axes(axes, len(shape)), track_l1=track_l1)
+        return cls(tuple(shape), normalize_axes(axes, len(shape)), track_l1=track_l1,
+                   track_moments=track_moments)
 
     @classmethod
-    def of(cls, array: np.ndarray, axes: object = None, *, track_l1: bool = False) -> "TensorStats":
+    def of(cls, array: np.ndarray, axes: object = None, *, track_l1: bool = False,
+           track_moments: bool = False) -> "TensorStats":
         """Statistics of a whole in-memory array."""
         array = np.asarray(array)
-        stats = cls.empty(array.shape, axes, track_l1=track_l1)
+        stats = cls.empty(array.shape, axes, track_l1=track_l1, track_moments=track_moments)
         stats.add(array)
         return stats
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     @property
     def complete(self) -> bool:
@@ -153,7 +246,7 @@ class TensorStats:
     def total_sum_of_squares(self) -> float:
         """Sum of squares over the whole tensor, whatever ``axes`` is."""
         if self.axes is None:
-            return float(self.sum_of_squares) + self._ss_carry
+            return self._total.value
         return float(np.sum(self.sum_of_squares))
 
     @property
@@ -165,93 +258,108 @@ class TensorStats:
     def nonfinite_count(self) -> int:
         return self.nan_count + self.inf_count
 
+    @property
+    def mean(self) -> float | None:
+        """Mean of the non-NaN values (needs ``track_moments``)."""
+        n = self.count - self.nan_count
+        if self.moments is None or n <= 0:
+            return None
+        return self.moments.total.value / n
+
+    @property
+    def std(self) -> float | None:
+        """Standard deviation of the non-NaN values (needs ``track_moments``; whole-tensor sums)."""
+        n = self.count - self.nan_count
+        mean = self.mean
+        if mean is None or self.axes is not None and self.moments is None:
+            return None
+        if not math.isfinite(mean):
+            return math.nan
+        variance = self.total_sum_of_squares / n - mean * mean
+        return math.sqrt(max(variance, 0.0))
+
     def slice_norms(self) -> np.ndarray:
         """L2 norm per slice (keepdims shape); a 0-d array when axes is None."""
         if self.axes is None:
             return np.sqrt(np.asarray(self.total_sum_of_squares))
         return np.sqrt(self.sum_of_squares)
 
-    def add(self, piece: np.ndarray, index: Index | None = None) -> None:
-        """Add one block of the tensor; ``index`` locates it (None: the whole tensor)."""
+    # ------------------------------------------------------------------ adding data
+
+    def add(self, piece: np.ndarray, index: Index | None = None, scratch: np.ndarray | None = None) -> None:
+        """Add one block of the tensor; ``index`` locates it (None: the whole tensor).
+
+        The block is reduced unit by unit in its memory order, so the whole
+        tensor added at once gives the same bits as the file pipeline reading it.
+        """
         piece = np.asarray(piece)
         if index is None and piece.shape != self.shape:
             raise ValueError(f"piece of shape {piece.shape} given without an index "
                              f"for a tensor of shape {self.shape}")
         if piece.size == 0:
             return
+        index = tuple(slice(0, n) for n in piece.shape) if index is None else tuple(
+            slice(*s.indices(n)[:2]) for s, n in zip(index, self.shape))
+        target = self.sum_of_squares
+        axes = self.axes
+        if piece.ndim >= 2 and piece.flags.f_contiguous and not piece.flags.c_contiguous:
+            # Reduce in memory order (as a Fortran-order .npy file is read).
+            piece, index = piece.T, index[::-1]
+            if axes is not None:
+                target = target.T
+                axes = tuple(sorted(piece.ndim - 1 - a for a in axes))
+        grid = UnitGrid.of(piece.shape)
+        if scratch is None:
+            scratch = np.empty(min(piece.size, UNIT_ELEMENTS), np.float64)
+        for k in range(grid.count):
+            rect = grid.index(k)
+            unit = piece[rect]
+            at = tuple(slice(s.start + r.start, s.start + r.stop) for s, r in zip(index, rect))
+            self.add_unit(self.reduce(unit, scratch, axes), at, target, axes)
+
+    def reduce(self, unit: np.ndarray, scratch: np.ndarray | None, axes: tuple[int, ...] | None = None) -> tuple:
+        """The kernel's result for one unit (``axes``: of the unit's own layout)."""
+        axes = self.axes if axes is None and self.axes is not None else axes
+        moments = UnitMoments() if self.track_moments else None
+        result = reduce_unit(unit, scratch, None if self.axes is None else kept_spec(unit.ndim, axes),
+                             self.track_l1, moments)
+        return (*result, unit.size, moments)
+
+    def add_unit(self, result: tuple, at: Index, target: np.ndarray | None = None,
+                 axes: tuple[int, ...] | None = None) -> None:
+        """Add a unit's kernel result (from :meth:`reduce`) for the rectangle ``at``.
+
+        ``target``/``axes`` default to ``sum_of_squares``/``self.axes``; the
+        pipeline passes their storage-order views for Fortran-order tensors.
+        """
+        sum_sq, smallest, largest, nans, infs, sum_abs, size, moments = result
         if self.axes is None:
-            self._add_whole(piece)
+            self._total.add(sum_sq)
+            self.sum_of_squares = np.asarray(self._total.value)
         else:
-            self._add_per_slice(piece, index)
-        self.count += piece.size
-
-    def _add_whole(self, piece: np.ndarray) -> None:
-        flat = piece.reshape(-1)
-        finite = True
-        wide = np.complex128 if is_complex(piece.dtype) else np.float64
-        # One float64 buffer for all chunks: a fresh 1 MiB array per chunk costs
-        # page faults whenever the allocator hands the memory back to the system.
-        buffer = np.empty(min(CHUNK_ELEMENTS, flat.size), dtype=wide)
-        for start in range(0, flat.size, CHUNK_ELEMENTS):
-            chunk = flat[start : start + CHUNK_ELEMENTS]
-            x = buffer[: chunk.size]
-            x[...] = chunk
-            # einsum, not np.dot: a BLAS dot of this size spends more time
-            # waking its threads than summing (measured 1.7 vs 5 GB/s).
-            pairs = x.view(np.float64) if x.dtype == np.complex128 else x
-            sum_sq = float(np.einsum("i,i->", pairs, pairs))
-            self._add_sum_of_squares(sum_sq)
-            finite = finite and math.isfinite(sum_sq)
-        self._add_magnitudes(flat, finite)
-
-    def _add_per_slice(self, piece: np.ndarray, index: Index | None) -> None:
-        if is_complex(piece.dtype):
-            x = piece.astype(np.complex128)
-            block = np.sum((x * x.conj()).real, axis=self.axes, keepdims=True)
-        else:
-            # einsum squares and sums in float64 without a float64 copy of the piece.
-            letters = "abcdefghijklmnopqrstuvwxyz"[: piece.ndim]
-            kept = "".join(c for i, c in enumerate(letters) if i not in self.axes)
-            block = np.einsum(f"{letters},{letters}->{kept}", piece, piece, dtype=np.float64)
-            block = block.reshape(reduced_shape(piece.shape, self.axes))
-        self.sum_of_squares[kept_index(index, len(self.shape), self.axes)] += block
-        self._add_magnitudes(piece, bool(np.isfinite(block).all()))
-
-    def _add_sum_of_squares(self, value: float) -> None:
-        total, self._ss_carry = _compensated_add(float(self.sum_of_squares), self._ss_carry, value)
-        self.sum_of_squares = np.asarray(total)
-
-    def _add_magnitudes(self, piece: np.ndarray, finite: bool) -> None:
-        """max |x|, NaN/Inf counts and (if tracked) the sum of |x| of one block."""
-        if is_complex(piece.dtype) or piece.dtype.kind == "V" or is_bool_dtype(piece.dtype):
-            magnitude = np.abs(piece.astype(np.complex128 if is_complex(piece.dtype) else np.float64))
-        else:
-            magnitude = piece
-        if not finite:
-            # Only now pay for the NaN/Inf scans; a finite sum of squares rules them out.
-            wide = magnitude.astype(np.float64) if magnitude.dtype.kind not in "fc" else magnitude
-            nan_mask = np.isnan(wide)
-            nans = int(np.count_nonzero(nan_mask))
-            self.nan_count += nans
-            self.inf_count += int(np.count_nonzero(np.isinf(wide)))
-            if nans:
-                magnitude = magnitude[~nan_mask]
-        if magnitude.size:
-            if magnitude is piece:  # real numbers: |x| max without an |x| array
-                largest = max(float(magnitude.max()), -float(magnitude.min()))
-            else:
-                largest = float(magnitude.max())
-            self.max_abs = max(self.max_abs, abs(largest))
-            if self.track_l1:
-                part = float(np.abs(magnitude).sum(dtype=np.float64))
-                self.sum_abs, self._abs_carry = _compensated_add(self.sum_abs, self._abs_carry, part)
+            target = self.sum_of_squares if target is None else target
+            axes = self.axes if axes is None else axes
+            keep = kept_index(at, len(at), axes)
+            target[keep] += np.reshape(sum_sq, reduced_shape([s.stop - s.start for s in at], axes))
+        self.nan_count += nans
+        self.inf_count += infs
+        self.count += size
+        if smallest <= largest:
+            self.min_value = min(self.min_value, smallest)
+            self.max_value = max(self.max_value, largest)
+            self.max_abs = max(self.max_abs, largest, -smallest)
+        if self.track_l1:
+            self._abs_total.add(sum_abs)
+            self.sum_abs = self._abs_total.value
+        if moments is not None and self.moments is not None:
+            self.moments.add(moments)
 
     @property
     def l1_norm(self) -> float:
         """Sum of ``|x|`` over the non-NaN elements (needs ``track_l1``)."""
         if not self.track_l1:
             raise ValueError("the L1 norm was not tracked: create the statistics with track_l1=True")
-        return self.sum_abs + self._abs_carry
+        return self._abs_total.value
 
     def merge(self, other: "TensorStats") -> "TensorStats":
         """Statistics of the union of two disjoint parts of the same tensor."""
@@ -261,20 +369,23 @@ class TensorStats:
                 f"into shape {self.shape} axes {self.axes}"
             )
         merged = TensorStats(self.shape, self.axes, np.array(self.sum_of_squares, copy=True),
-                             track_l1=self.track_l1 and other.track_l1)
-        merged.sum_abs, merged._abs_carry = self.sum_abs, self._abs_carry
-        merged.max_abs = self.max_abs
-        merged.nan_count, merged.inf_count = self.nan_count, self.inf_count
-        merged.count, merged._ss_carry = self.count, self._ss_carry
+                             track_l1=self.track_l1 and other.track_l1,
+                             track_moments=self.track_moments and other.track_moments)
+        merged._total = self._total.copy()
+        merged._abs_total = self._abs_total.copy()
         if self.axes is None:
-            merged._add_sum_of_squares(float(other.sum_of_squares))
-            merged._ss_carry += other._ss_carry
+            merged._total.merge(other._total)
+            merged.sum_of_squares = np.asarray(merged._total.value)
         else:
             merged.sum_of_squares += other.sum_of_squares
-        merged.sum_abs += other.sum_abs
-        merged._abs_carry += other._abs_carry
+        merged._abs_total.merge(other._abs_total)
+        merged.sum_abs = merged._abs_total.value
         merged.max_abs = max(self.max_abs, other.max_abs)
-        merged.nan_count += other.nan_count
-        merged.inf_count += other.inf_count
-        merged.count += other.count
+        merged.min_value = min(self.min_value, other.min_value)
+        merged.max_value = max(self.max_value, other.max_value)
+        merged.nan_count = self.nan_count + other.nan_count
+        merged.inf_count = self.inf_count + other.inf_count
+        merged.count = self.count + other.count
+        if merged.track_moments and self.moments is not None and other.moments is not None:
+            merged.moments = self.moments.merge(other.moments)
         return merged
