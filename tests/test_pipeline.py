@@ -134,16 +134,20 @@ def test_rendered_report_in_a_fixed_width_console(tmp_path):
     lines = text.splitlines()
     assert lines[0] == f"{source} → {tmp_path / 'g.clipped.npz'}"  # paths are never folded
     assert all(len(line) <= 100 for line in lines[1:])
-    row = next(line for line in lines if line.startswith("model.enc"))
+    # Issue 8: the bar gives way before the name, and a shortened name keeps what tells it apart.
+    row = next(line for line in lines if line.startswith("model."))
     shown_name = row.split()[0]
-    assert "…" in shown_name and shown_name.endswith("value.weight") and len(shown_name) <= 40
-    assert "4×4" in row and "float32" in row and "40" in row and "×0.125" in row and "█" in row
+    assert "…" in shown_name and "layers.11" in shown_name and shown_name.endswith("query_key_value.weight")
+    assert "4×4" in row and "40" in row and "×0.125" in row
     assert "global norm 40 → 5" in text
     assert "1 clipped  ·  0 skipped" in text
+    wide = render(clip_file(source, NormClip(5.0), ClipOptions(overwrite=True)), width=160)
+    row = next(line for line in wide.splitlines() if line.startswith("model."))
+    assert row.split()[0] == long_name and "float32" in row and "█" in row  # room for all: nothing cut
     narrow = render(clip_file(source, NormClip(5.0), ClipOptions(overwrite=True)), width=80)
     assert all(len(line) <= 80 for line in narrow.splitlines()[1:])
     header = next(line for line in narrow.splitlines() if line.startswith("tensor"))
-    assert header.rstrip().endswith("vs 5")  # nothing cropped at the right edge
+    assert header.rstrip().endswith("NaN/Inf")  # nothing cropped at the right edge; the bar gave way
 
 
 def test_shorten_middle_keeps_both_ends():

@@ -1,4 +1,4 @@
-"""tclip: clip tensors saved on disk exactly as TensorFlow, PyTorch and optax would.
+"""tclip: clip tensors saved on disk with TensorFlow's semantics.
 
 The NumPy core (TensorFlow's names and arguments)::
 
@@ -8,45 +8,52 @@ The NumPy core (TensorFlow's names and arguments)::
 
 Streaming pieces for code that cannot hold a whole tensor: :class:`TensorStats`
 (pass 1 statistics, mergeable) and :func:`plan_scales` (statistics -> factors).
+
+Names are imported on first use (PEP 562), so ``tclip --help`` and shell
+completion never pay for importing NumPy.
 """
 
-from ._version import __version__
-from .ops import (
-    clip_by_average_norm,
-    clip_by_global_norm,
-    clip_by_norm,
-    clip_by_value,
-    global_norm,
-    norm,
-)
-from .plan import (
-    AverageNormClip,
-    GlobalNormClip,
-    NormClip,
-    ValueClip,
-    apply_scale,
-    plan_scales,
-    scale_for_piece,
-    stats_axes,
-)
-from .stats import TensorStats, normalize_axes
+from __future__ import annotations
 
-__all__ = [
-    "__version__",
-    "clip_by_value",
-    "clip_by_norm",
-    "clip_by_average_norm",
-    "global_norm",
-    "clip_by_global_norm",
-    "norm",
-    "TensorStats",
-    "normalize_axes",
-    "NormClip",
-    "AverageNormClip",
-    "GlobalNormClip",
-    "ValueClip",
-    "plan_scales",
-    "scale_for_piece",
-    "apply_scale",
-    "stats_axes",
-]
+from importlib import import_module
+from typing import Any
+
+from ._version import __version__
+
+_EXPORTS = {
+    "clip_by_value": "ops",
+    "clip_by_norm": "ops",
+    "clip_by_average_norm": "ops",
+    "global_norm": "ops",
+    "clip_by_global_norm": "ops",
+    "norm": "ops",
+    "TensorStats": "stats",
+    "normalize_axes": "stats",
+    "NormClip": "plan",
+    "AverageNormClip": "plan",
+    "GlobalNormClip": "plan",
+    "ValueClip": "plan",
+    "plan_scales": "plan",
+    "scale_for_piece": "plan",
+    "apply_scale": "plan",
+    "stats_axes": "plan",
+    "clip_file": "pipeline",
+    "report_file": "pipeline",
+    "file_info": "pipeline",
+    "diff_files": "diff",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tclip' has no attribute {name!r}")
+    value = getattr(import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

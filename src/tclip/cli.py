@@ -1,44 +1,27 @@
 """The ``tclip`` command line: parse, call one library function per file, render.
 
-Every command is a thin client of :mod:`tclip.pipeline`; errors from the library
+Every command is a thin client of :mod:`tclip.pipeline` (and :mod:`tclip.diff`,
+:mod:`tclip.tensorset`); errors from the library
 (:class:`~tclip.errors.TclipError`) become one ``Error: <file>: <what>`` line on
 stderr, and the other files still run.
+
+Only click is imported at start-up: NumPy, rich and the format libraries are
+imported inside the commands, so ``--help``, ``--version`` and shell completion
+stay fast.
 """
 
 from __future__ import annotations
 
 import glob
-import json
 import math
-import os
-import sys
-from collections.abc import Callable, Iterator
+import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TextColumn,
-    TransferSpeedColumn,
-)
 
 from ._version import __version__
-from .errors import TclipError
-from .formats import SUFFIXES
-from .pipeline import ClipOptions, Selection, clip_file, file_info, report_file
-from .plan import AverageNormClip, GlobalNormClip, Mode, NormClip, ValueClip
-from .render import render_file, render_info, render_summary
-from .report import FileReport
-
-EXIT_FAILED = 1
-EXIT_CHECK_FAILED = 3
-# Files smaller than this take well under a second: no progress bar flashing by.
-PROGRESS_MIN_BYTES = 64 << 20
-
 
 # --------------------------------------------------------------------------- parameter types
 
@@ -87,16 +70,48 @@ class AxesType(click.ParamType):
         return axes
 
 
+class SizeType(click.ParamType):
+    """A byte size: ``256M``, ``1G``, ``512MiB``, ``1.5GB``, or a plain number of bytes."""
+
+    name = "size"
+    _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kKmMgGtT]?)(i?[bB])?\s*", str(value))
+        if not match:
+            self.fail(f"{value!r} is not a size (e.g. 256M, 1G)", param, ctx)
+        size = int(float(match[1]) * self._UNITS[match[2].lower()])
+        if size < 16 << 20:
+            self.fail(f"{value!r} is below the minimum of 16M", param, ctx)
+        return size
+
+
 POSITIVE = FiniteFloat(positive=True)
 BOUND = FiniteFloat()  # -inf/inf allowed: a one-sided clip
-
+FILES = click.Path(dir_okay=True, file_okay=True)  # completes file names; globs are expanded by tclip
 
 # --------------------------------------------------------------------------- shared options
 
 
 def file_arguments(f: Callable) -> Callable:
     f = click.option("-r", "--recursive", is_flag=True, help="Descend into directories (and ** in globs).")(f)
-    return click.argument("files", nargs=-1, required=True, metavar="FILE...")(f)
+    return click.argument("files", nargs=-1, required=True, metavar="FILE...", type=FILES)(f)
+
+
+def engine_options(f: Callable) -> Callable:
+    f = click.option("--memory", type=SizeType(), default="256M", show_default=True,
+                     help="Working-set budget: block buffers and per-slice statistics (e.g. 64M, 2G).")(f)
+    return click.option("--threads", type=click.IntRange(min=1), default=None,
+                        help="Threads for statistics and scaling [default: the machine's cores].")(f)
+
+
+def selection_options(f: Callable, verb: str = "Clip") -> Callable:
+    f = click.option("--exclude", multiple=True, metavar="GLOB",
+                     help="Leave tensors whose names match (repeatable).")(f)
+    return click.option("--include", multiple=True, metavar="GLOB",
+                        help=f"{verb} only tensors whose names match (repeatable; a leading / is ignored).")(f)
 
 
 def output_options(f: Callable) -> Callable:
@@ -104,171 +119,72 @@ def output_options(f: Callable) -> Callable:
         click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
                      help="Output file (one input only); its suffix picks the format, so it also converts."),
         click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path),
-                     help="Write outputs into this directory, under the inputs' names."),
+                     help="Write outputs into this directory (created if missing), under the inputs' names."),
         click.option("--in-place", is_flag=True, help="Replace each input atomically."),
         click.option("--force", is_flag=True, help="Replace an existing output."),
-        click.option("--include", multiple=True, metavar="GLOB",
-                     help="Clip only tensors whose names match (repeatable)."),
-        click.option("--exclude", multiple=True, metavar="GLOB", help="Leave tensors whose names match (repeatable)."),
         click.option("--dry-run", is_flag=True, help="Compute and report, write nothing."),
         click.option("--nonfinite", type=click.Choice(["error", "propagate"]), default="error", show_default=True,
                      help="NaN/Inf in selected tensors: refuse the file, or clip as TensorFlow does."),
-        click.option("--strict", is_flag=True, help="Tensors whose rank cannot take --axes are an error, not skipped."),
+        click.option("--drop-nonnumeric", is_flag=True,
+                     help="Converting: drop what the output format cannot hold (strings, metadata) with a warning."),
+        click.option("--across-files", is_flag=True,
+                     help="Treat all FILEs as one tensor set (one global norm); names must not repeat."),
+        click.option("--dask", "dask_address", metavar="ADDRESS", default=None,
+                     help="Run the per-file tasks on a dask.distributed scheduler (tcp://host:8786)."),
         click.option("--fail-fast", is_flag=True, help="Stop at the first file that fails."),
     ]):
         f = decorator(f)
-    return f
+    return selection_options(engine_options(f))
 
 
 def display_options(f: Callable) -> Callable:
-    f = click.option("-q", "--quiet", is_flag=True, help="Print errors only.")(f)
+    f = click.option("--color", type=click.Choice(["auto", "always", "never"]), default="auto", show_default=True,
+                     help="Colour in tables.")(f)
+    f = click.option("-q", "--quiet", is_flag=True, help="Print errors and failed checks only.")(f)
     return click.option("--json", "as_json", is_flag=True, help="JSON Lines on stdout, one object per file.")(f)
-
-
-# --------------------------------------------------------------------------- files
-
-
-def _is_tensor_file(path: Path) -> bool:
-    return path.suffix.lower() in SUFFIXES and not path.stem.endswith(".clipped")
-
-
-def expand_files(items: tuple[str, ...], recursive: bool) -> Iterator[tuple[str, Path | None]]:
-    """(display name, path) per input; path None when the item matched nothing."""
-    for item in items:
-        path = Path(item)
-        if path.is_dir():
-            found = sorted(path.rglob("*") if recursive else path.iterdir())
-            files = [p for p in found if p.is_file() and _is_tensor_file(p)]
-            if not files:
-                yield item, None
-            for p in files:
-                yield str(p), p
-        elif path.exists() or not glob.has_magic(item):
-            yield item, path
-        else:
-            matches = sorted(glob.glob(item, recursive=recursive))
-            files = [Path(m) for m in matches if Path(m).is_file() and _is_tensor_file(Path(m))]
-            if not files:
-                yield item, None
-            for p in files:
-                yield str(p), p
-
-
-class Runner:
-    """Runs one command over many files: errors per file, rendering, exit status."""
-
-    def __init__(self, as_json: bool, quiet: bool, fail_fast: bool = False) -> None:
-        self.as_json, self.quiet, self.fail_fast = as_json, quiet, fail_fast
-        self.out = Console(highlight=False)
-        self.err = Console(stderr=True, highlight=False)
-        self.failed: list[str] = []
-        self.ok = 0
-
-    def progress(self) -> Progress | None:
-        if self.quiet or self.as_json or not self.err.is_terminal:
-            return None
-        return Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                        console=self.err, transient=True)
-
-    def error(self, name: str, message: str) -> None:
-        self.failed.append(name)
-        self.err.print(f"Error: {message}", markup=False, highlight=False, soft_wrap=True)
-        if self.as_json:
-            self.emit({"schema": 1, "file": name, "output": None, "error": message})
-
-    def emit(self, data: dict[str, Any]) -> None:
-        click.echo(json.dumps(data, allow_nan=False))
-
-    def run(self, items: tuple[str, ...], recursive: bool, work: Callable[[Path, Any], Any],
-            show: Callable[[Any], None]) -> None:
-        for name, path in expand_files(items, recursive):
-            if path is None:
-                self.error(name, f"{name}: no tensor files match")
-            else:
-                try:
-                    result = self._with_progress(path, work)
-                except TclipError as error:
-                    self.error(name, str(error))
-                except (OSError, MemoryError) as error:
-                    self.error(name, f"{name}: {getattr(error, 'strerror', None) or error}")
-                except Exception as error:  # a bug: still one line, the rest still run
-                    if os.environ.get("TCLIP_DEBUG"):
-                        raise
-                    self.error(name, f"{name}: internal error: {type(error).__name__}: {error}")
-                else:
-                    self.ok += 1
-                    for warning in getattr(result, "warnings", []):
-                        if not self.quiet:
-                            self.err.print(f"Warning: {name}: {warning}", markup=False, soft_wrap=True)
-                    if self.as_json:
-                        self.emit(result.to_json())
-                    elif not self.quiet:
-                        show(result)
-            if self.failed and self.fail_fast:
-                break
-        if not self.as_json and not self.quiet:
-            render_summary(self.ok, self.failed, self.out)
-
-    def _with_progress(self, path: Path, work: Callable[[Path, Any], Any]) -> Any:
-        progress = self.progress()
-        try:
-            small = path.stat().st_size < PROGRESS_MIN_BYTES
-        except OSError:
-            small = True  # the work itself reports the error
-        if progress is None or small:
-            return work(path, None)
-        with progress:
-            task = progress.add_task(path.name, total=None)
-            return work(path, lambda n: progress.advance(task, n))
-
-    def exit_code(self) -> int:
-        return EXIT_FAILED if self.failed else 0
 
 
 # --------------------------------------------------------------------------- commands
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, "--version", prog_name="tclip")
+@click.version_option(__version__, "-V", "--version", prog_name="tclip")
 def cli() -> None:
-    """Clip tensors saved on disk (.npy, .npz, safetensors, HDF5) as TensorFlow would.
+    """Clip, inspect and compare tensors saved on disk (.npy, .npz, safetensors, HDF5).
 
     Each clipping command writes NAME.clipped.EXT beside its input (see -o,
-    --out-dir, --in-place) and prints a norm report; `report` and `info` only read.
+    --out-dir, --in-place) and prints a norm report; `report`, `info` and
+    `diff` only read. A FILE may be a path, a quoted glob, a directory, or a
+    sharded checkpoint's index (model.safetensors.index.json).
 
     \b
     Example:
         tclip norm --clip 5 --axes 1 grads.npz
-        tclip global --clip 1 step_41200.safetensors
-        tclip report --json runs/*.safetensors
+        tclip global --clip 1 model.safetensors.index.json --out-dir clipped/
+        tclip report --summary 'run/step_*.safetensors'
+        tclip diff before.npz after.safetensors
     """
 
 
-def _clip_command(ctx: click.Context, mode: Mode, files: tuple[str, ...], recursive: bool, output: Path | None,
-                  out_dir: Path | None, in_place: bool, force: bool, include: tuple[str, ...],
-                  exclude: tuple[str, ...], dry_run: bool, nonfinite: str, strict: bool, fail_fast: bool,
-                  as_json: bool, quiet: bool) -> None:
-    if output is not None and (len(files) > 1 or any(Path(f).is_dir() or glob.has_magic(f) and not Path(f).exists()
-                                                     for f in files)):
+def _clip(ctx: click.Context, mode_factory: Callable[[], Any], kwargs: dict[str, Any]) -> None:
+    from .runner import run_clip
+
+    ctx.exit(run_clip(mode_factory(), **kwargs))
+
+
+def _check_outputs(output: Path | None, out_dir: Path | None, in_place: bool, files: tuple[str, ...]) -> None:
+    if output is not None and (len(files) > 1 or any(Path(f).is_dir() or (glob.has_magic(f) and not Path(f).exists())
+                                                     or f.endswith(".index.json") for f in files)):
         raise click.UsageError("-o/--output takes exactly one input file; use --out-dir for several")
     if in_place and (output is not None or out_dir is not None):
         raise click.UsageError("--in-place cannot be combined with -o/--output or --out-dir")
     if output is not None and out_dir is not None:
         raise click.UsageError("-o/--output and --out-dir cannot be combined")
-    if output is not None and output.suffix.lower() not in SUFFIXES:
+    if output is not None and output.suffix.lower() not in (".npy", ".npz", ".safetensors", ".h5", ".hdf5"):
         raise click.BadParameter("the suffix must be .npy, .npz, .safetensors, .h5 or .hdf5",
                                  param_hint="'-o/--output'")
-    if out_dir is not None and not out_dir.is_dir():
-        raise click.BadParameter(f"directory '{out_dir}' does not exist", param_hint="'--out-dir'")
-    options = ClipOptions(output=output, out_dir=out_dir, in_place=in_place, overwrite=force,
-                          selection=Selection(include, exclude), nonfinite=nonfinite, strict=strict, dry_run=dry_run)
-    runner = Runner(as_json, quiet, fail_fast)
-
-    def show(report: FileReport) -> None:
-        render_file(report, runner.out)
-
-    runner.run(files, recursive, lambda path, progress: clip_file(path, mode, options, progress), show)
-    ctx.exit(runner.exit_code())
+    if out_dir is not None and out_dir.exists() and not out_dir.is_dir():
+        raise click.BadParameter(f"'{out_dir}' exists and is not a directory", param_hint="'--out-dir'")
 
 
 @cli.command("value")
@@ -289,18 +205,27 @@ def value_command(ctx: click.Context, minimum: float, maximum: float, **kwargs: 
     """
     if minimum > maximum:
         raise click.BadParameter(f"--min {minimum:g} is greater than --max {maximum:g}", param_hint="'--min'")
-    _clip_command(ctx, ValueClip(minimum, maximum), **kwargs)
+    _check_outputs(kwargs["output"], kwargs["out_dir"], kwargs["in_place"], kwargs["files"])
+
+    def mode() -> Any:
+        from .plan import ValueClip
+
+        return ValueClip(minimum, maximum)
+
+    _clip(ctx, mode, kwargs)
 
 
 @cli.command("norm")
 @click.option("--clip", "clip_norm", type=POSITIVE, required=True, help="Largest L2 norm allowed (clip_norm > 0).")
 @click.option("--axes", type=AxesType(), default=None,
               help="Clip each slice along these axes (e.g. 1, -1, 0,1); default: the whole tensor.")
+@click.option("--strict", is_flag=True, help="Tensors whose rank cannot take --axes are an error, not skipped.")
 @output_options
 @display_options
 @file_arguments
 @click.pass_context
-def norm_command(ctx: click.Context, clip_norm: float, axes: tuple[int, ...] | None, **kwargs: Any) -> None:
+def norm_command(ctx: click.Context, clip_norm: float, axes: tuple[int, ...] | None, strict: bool,
+                 **kwargs: Any) -> None:
     """Clip each tensor to an L2 norm of at most CLIP (tf.clip_by_norm).
 
     With --axes, each slice along those axes is clipped on its own (rows of a
@@ -311,7 +236,14 @@ def norm_command(ctx: click.Context, clip_norm: float, axes: tuple[int, ...] | N
     Example:
         tclip norm --clip 5 --axes 1 grads.npz
     """
-    _clip_command(ctx, NormClip(clip_norm, axes), **kwargs)
+    _check_outputs(kwargs["output"], kwargs["out_dir"], kwargs["in_place"], kwargs["files"])
+
+    def mode() -> Any:
+        from .plan import NormClip
+
+        return NormClip(clip_norm, axes)
+
+    _clip(ctx, mode, {**kwargs, "strict": strict})
 
 
 @cli.command("average")
@@ -328,7 +260,14 @@ def average_command(ctx: click.Context, clip_norm: float, **kwargs: Any) -> None
     Example:
         tclip average --clip 0.01 grads.h5
     """
-    _clip_command(ctx, AverageNormClip(clip_norm), **kwargs)
+    _check_outputs(kwargs["output"], kwargs["out_dir"], kwargs["in_place"], kwargs["files"])
+
+    def mode() -> Any:
+        from .plan import AverageNormClip
+
+        return AverageNormClip(clip_norm)
+
+    _clip(ctx, mode, kwargs)
 
 
 @cli.command("global")
@@ -340,92 +279,122 @@ def average_command(ctx: click.Context, clip_norm: float, **kwargs: Any) -> None
 @file_arguments
 @click.pass_context
 def global_command(ctx: click.Context, clip_norm: float, use_norm: float | None, **kwargs: Any) -> None:
-    """Scale all selected tensors of a file by one factor so that their global norm is at most CLIP.
+    """Scale all selected tensors by one factor so that their global norm is at most CLIP.
 
-    This is tf.clip_by_global_norm (and PyTorch's clip_grad_norm_, optax's
-    clip_by_global_norm) over the file's floating tensors; each file has its own
-    global norm.
+    This is tf.clip_by_global_norm (PyTorch's clip_grad_norm_, optax's
+    clip_by_global_norm) over the floating tensors of one file -- or of a whole
+    tensor set: a sharded checkpoint's index, or FILEs with --across-files.
 
     \b
     Example:
         tclip global --clip 1 step_41200.safetensors
+        tclip global --clip 1 model.safetensors.index.json --out-dir clipped/
     """
-    _clip_command(ctx, GlobalNormClip(clip_norm, use_norm), **kwargs)
+    _check_outputs(kwargs["output"], kwargs["out_dir"], kwargs["in_place"], kwargs["files"])
+
+    def mode() -> Any:
+        from .plan import GlobalNormClip
+
+        return GlobalNormClip(clip_norm, use_norm)
+
+    _clip(ctx, mode, kwargs)
 
 
 @cli.command("report")
 @click.option("--ord", "order", type=click.Choice(["2", "1", "inf"]), default="2", show_default=True,
               help="The norm shown: L2, L1 or the largest |x|.")
-@click.option("--axes", type=AxesType(), default=None, help="Also report the largest slice norm along these axes.")
+@click.option("--axes", type=AxesType(), default=None,
+              help="Also report slice norms along these axes: largest, smallest, near-zero, worst by index.")
 @click.option("--max-norm", type=FiniteFloat(positive=True), default=None,
-              help="Exit 3 if the global norm (with --axes: any slice norm) exceeds this, or NaN/Inf is found.")
-@click.option("--include", multiple=True, metavar="GLOB", help="Report only tensors whose names match.")
-@click.option("--exclude", multiple=True, metavar="GLOB", help="Leave out tensors whose names match.")
+              help="Exit 3 if the global norm (with --axes: any slice norm) exceeds this, or any NaN/Inf is found.")
+@click.option("--sort", type=click.Choice(["name", "norm", "order"]), default="name", show_default=True,
+              help="Rows by name (natural order: layers.2 before layers.10), largest norm first, or file order.")
+@click.option("--top", type=click.IntRange(min=1), default=None, help="Only the K largest norms.")
+@click.option("--stats", is_flag=True, help="Also min, max, mean, std, zeros and a log2 |x| histogram.")
+@click.option("--summary", is_flag=True,
+              help="One row per file (natural order), then the tensors that changed most between files.")
+@click.option("--across-files", is_flag=True, help="Treat all FILEs as one tensor set (one global norm).")
+@engine_options
+@selection_options
 @display_options
 @file_arguments
 @click.pass_context
-def report_command(ctx: click.Context, order: str, axes: tuple[int, ...] | None, max_norm: float | None,
-                   include: tuple[str, ...], exclude: tuple[str, ...], files: tuple[str, ...], recursive: bool,
-                   as_json: bool, quiet: bool) -> None:
+def report_command(ctx: click.Context, **kwargs: Any) -> None:
     """Report norms and statistics of every tensor; writes nothing.
+
+    --max-norm turns it into a gate: exit status 3 when a limit is exceeded
+    (by more than 2 ulps of the tensor's dtype) or a NaN/Inf is found.
 
     \b
     Example:
         tclip report --max-norm 100 grads.safetensors || echo "exploded"
+        tclip report --summary 'run/step_*.safetensors'
     """
-    runner = Runner(as_json, quiet)
-    breaches: list[str] = []
+    from .runner import run_report
 
-    def work(path: Path, progress: Any) -> FileReport:
-        report = report_file(path, axes=axes, ord=order, selection=Selection(include, exclude), progress=progress)
-        if max_norm is not None:
-            report.params["max_norm"] = max_norm
-            reason = _check(report, max_norm, axes is not None)
-            if reason:
-                breaches.append(path.name)
-                report.warnings.append(f"check failed: {reason}")
-        return report
-
-    runner.run(files, recursive, work, lambda report: render_file(report, runner.out))
-    code = runner.exit_code()
-    if code == 0 and breaches:
-        code = EXIT_CHECK_FAILED
-    ctx.exit(code)
-
-
-def _check(report: FileReport, max_norm: float, per_slice: bool) -> str | None:
-    bad = report.nonfinite_tensors
-    if bad:
-        return f"NaN/Inf in {', '.join(bad)}"
-    if per_slice:
-        over = [t.name for t in report.tensors if t.max_slice_norm is not None and t.max_slice_norm > max_norm]
-        if over:
-            return f"slice norms above {max_norm:g} in {', '.join(over)}"
-    elif report.global_norm is not None and report.global_norm > max_norm:
-        return f"global norm {report.global_norm:.6g} is above {max_norm:g}"
-    return None
+    ctx.exit(run_report(**kwargs))
 
 
 @cli.command("info")
+@click.option("--sort", type=click.Choice(["name", "order"]), default="order", show_default=True,
+              help="Rows in file order or by name (natural order).")
 @display_options
 @file_arguments
 @click.pass_context
-def info_command(ctx: click.Context, files: tuple[str, ...], recursive: bool, as_json: bool, quiet: bool) -> None:
+def info_command(ctx: click.Context, **kwargs: Any) -> None:
     """Show names, shapes, dtypes, sizes and metadata from the header alone (no tensor data is read).
 
     \b
     Example:
         tclip info model.safetensors
     """
-    runner = Runner(as_json, quiet)
-    runner.run(files, recursive, lambda path, progress: file_info(path), lambda info: render_info(info, runner.out))
-    ctx.exit(runner.exit_code())
+    from .runner import run_info
+
+    ctx.exit(run_info(**kwargs))
+
+
+@cli.command("diff")
+@click.argument("a", type=FILES, metavar="A")
+@click.argument("b", type=FILES, metavar="B")
+@click.option("--rtol", type=FiniteFloat(allow_inf=False), default=0.0, show_default=True,
+              help="Relative tolerance: elements differ when |a-b| > atol + rtol*|b| (numpy.isclose's rule).")
+@click.option("--atol", type=FiniteFloat(allow_inf=False), default=0.0, show_default=True,
+              help="Absolute tolerance (see --rtol). The defaults mean bit-for-bit equal values.")
+@click.option("--map", "mapping", multiple=True, metavar="OLD=NEW",
+              help="Rename A's tensors before matching: a name or a glob with * (repeatable).")
+@click.option("--sort", type=click.Choice(["diff", "name", "order"]), default="diff", show_default=True,
+              help="Rows by relative difference (largest first), by name, or in A's order.")
+@click.option("--top", type=click.IntRange(min=1), default=None, help="Only the K largest differences.")
+@engine_options
+@selection_options
+@display_options
+@click.pass_context
+def diff_command(ctx: click.Context, **kwargs: Any) -> None:
+    """Compare two tensor files (any formats) tensor by tensor; writes nothing.
+
+    Per tensor: ||a-b||, ||a-b||/||a||, max|a-b|, cosine similarity, the
+    elements outside |a-b| <= atol + rtol*|b| (numpy.isclose's rule) and NaN/Inf
+    positions that differ (NaN equals NaN). Exit status 0 when both hold the
+    same names, shapes and values within tolerance, 3 when anything differs,
+    1 for an unreadable file.
+
+    \b
+    Example:
+        tclip diff before.npz after.safetensors
+        tclip diff --rtol 1e-3 --map 'model.*=*' a.safetensors b.h5
+    """
+    from .runner import run_diff
+
+    ctx.exit(run_diff(**kwargs))
 
 
 def main() -> None:
-    """Console entry point."""
-    cli(prog_name="tclip")
+    """Console entry point (kept for ``python -m tclip.cli``); see :mod:`tclip._entry`."""
+    from ._entry import main as entry
+
+    entry()
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    main()
+

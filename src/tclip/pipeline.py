@@ -1,9 +1,21 @@
-"""The work on one file: pass 1 (statistics), the plan, pass 2 (the rewrite).
+"""The work on files: pass 1 (statistics), the plan, pass 2 (the rewrite).
 
-These functions are the library behind every command: ``clip_file`` clips a
-file and returns its report, ``report_file`` only reads, ``file_info`` reads the
-header alone. They know formats only through the reader/writer protocol and
-clipping only through :mod:`tclip.stats` and :mod:`tclip.plan`.
+Each step takes and returns plain, picklable data, so the same steps serve one
+file, a sharded tensor set (:mod:`tclip.tensorset`) and a cluster:
+
+- :func:`file_statistics` (pass 1): the statistics of one file's selected
+  tensors -- a :class:`FileStats`, whose :class:`~tclip.stats.TensorStats`
+  merge exactly.
+- :func:`make_plan`: from the statistics of every file and a clip mode, what
+  to do to each tensor (:class:`TensorWork`: a scale factor, per slice or
+  whole, or value bounds).
+- :func:`rewrite_file` (pass 2): rewrites one file given its tensors' work and
+  returns the after-statistics (:class:`RewriteResult`).
+
+:func:`clip_file` is their composition for one file, :func:`report_file` is pass 1
+alone, :func:`file_info` reads the header. They know formats only through the
+reader/writer protocol and arithmetic only through :mod:`tclip.stats`,
+:mod:`tclip.plan` and :mod:`tclip.kernels`; blocks run on :mod:`tclip.engine`.
 """
 
 from __future__ import annotations
@@ -12,59 +24,74 @@ import fnmatch
 import math
 import os
 import time
-from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from .dtypes import dtype_name, is_floating
-from .errors import NonFiniteError, TclipError, UnsupportedError
+from .engine import Budget, BlockRunner, Job
+from .errors import NonFiniteError, OutputExistsError, TclipError, UnsupportedError
 from .formats import (
     DEFAULT_BLOCK_BYTES,
     TensorInfo,
     TensorReader,
     TensorWriter,
     create_writer,
+    format_for_suffix,
     open_reader,
 )
+from .kernels import clip_unit, scale_unit
 from .plan import (
     AverageNormClip,
     GlobalNormClip,
     Mode,
     NormClip,
     ValueClip,
-    apply_scale,
-    clip_values,
+    global_norm_of,
     plan_scales,
-    scale_for_piece,
-    stats_axes,
     value_bounds,
 )
-from .report import FileReport, InfoReport, InfoTensor, TensorReport
-from .stats import TensorStats
+from .report import FileReport, InfoReport, InfoTensor, OtherReport, TensorReport, slice_summary
+from .stats import TensorStats, kept_index, normalize_axes
+from .units import UnitGrid
 
 Progress = Callable[[int], None]
 
-# A tensor up to this size (one block) is read once and kept in memory between
-# its two passes; a larger one is read twice, the second time from the page
-# cache as a rule. Holding larger tensors measured slower: fresh multi-MiB
-# buffers cost page faults on every tensor.
-IN_MEMORY_TENSOR_BYTES = DEFAULT_BLOCK_BYTES
+# Tensors up to this size that pass 1 reads are kept in memory for pass 2 of
+# the same run (within an eighth of --memory), so files of many small tensors
+# are read once.
+IN_MEMORY_TENSOR_BYTES = 1 << 20
+
+
+# --------------------------------------------------------------------------- options
 
 
 @dataclass(frozen=True)
 class Selection:
-    """Which tensors to work on, by shell-style globs over their names."""
+    """Which tensors to work on, by shell-style globs over their names.
+
+    A leading ``/`` in a pattern is ignored (HDF5 paths are named without it,
+    but ``h5ls`` shows it).
+    """
 
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
+    allow: frozenset[str] | None = None  # a tensor set's allowlist (an index's weight_map for this shard)
 
     def matches(self, name: str) -> bool:
-        if self.include and not any(fnmatch.fnmatchcase(name, p) for p in self.include):
+        if self.allow is not None and name not in self.allow:
             return False
-        return not any(fnmatch.fnmatchcase(name, p) for p in self.exclude)
+        if self.include and not any(fnmatch.fnmatchcase(name, p.lstrip("/")) for p in self.include):
+            return False
+        return not any(fnmatch.fnmatchcase(name, p.lstrip("/")) for p in self.exclude)
+
+    def unmatched(self, names: list[str]) -> list[str]:
+        """The include/exclude patterns that match none of ``names``."""
+        return [p for p in (*self.include, *self.exclude)
+                if not any(fnmatch.fnmatchcase(n, p.lstrip("/")) for n in names)]
 
 
 @dataclass(frozen=True)
@@ -80,6 +107,10 @@ class ClipOptions:
             "propagate" computes TensorFlow's result.
         strict: tensors whose rank cannot take ``--axes`` are an error, not skipped.
         dry_run: compute the report, write nothing.
+        block_bytes: the largest block read at once (None: sized from ``memory``).
+        memory, threads: the budget of a pass (:class:`tclip.engine.Budget`).
+        drop_nonnumeric: a conversion drops what the output format cannot hold
+            (non-numeric datasets, metadata), with a warning, instead of failing.
     """
 
     output: Path | None = None
@@ -90,7 +121,14 @@ class ClipOptions:
     nonfinite: str = "error"
     strict: bool = False
     dry_run: bool = False
-    block_bytes: int = DEFAULT_BLOCK_BYTES
+    block_bytes: int | None = None
+    memory: int = Budget.memory
+    threads: int = 0
+    drop_nonnumeric: bool = False
+
+    @property
+    def budget(self) -> Budget:
+        return Budget(self.memory, self.threads, self.block_bytes)
 
 
 def default_output(path: Path, out_dir: Path | None = None) -> Path:
@@ -128,7 +166,11 @@ def axes_problem(ndim: int, axes: object) -> str | None:
     return None
 
 
-def _skip_reason(info: TensorInfo, selection: Selection, axes: object = None) -> str | None:
+def is_rank_skip(reason: str | None) -> bool:
+    return bool(reason) and reason.startswith(("rank ", "axes "))  # type: ignore[union-attr]
+
+
+def skip_reason(info: TensorInfo, selection: Selection, axes: object = None) -> str | None:
     """Why a tensor is left as it is (None: it is worked on). Every mode and the
     report select the same tensors: floating ones, matching the globs, whose rank
     can take the axes."""
@@ -143,134 +185,446 @@ def _skip_reason(info: TensorInfo, selection: Selection, axes: object = None) ->
     return axes_problem(len(info.shape), axes)
 
 
-def _start_report(reader: TensorReader, path: Path, mode_name: str, params: dict[str, object]) -> FileReport:
-    report = FileReport(file=str(path), mode=mode_name, params=params, format=reader.format_name)
-    for info in reader.tensors.values():
-        report.tensors.append(TensorReport(info.name, list(info.shape), dtype_name(info.dtype), info.nbytes))
-    return report
+# --------------------------------------------------------------------------- pass 1
 
 
-def tensor_statistics(reader: TensorReader, name: str, axes: object = None, *,
-                      block_bytes: int = DEFAULT_BLOCK_BYTES, progress: Progress | None = None,
-                      track_l1: bool = False) -> TensorStats:
-    """Pass 1 for one tensor: statistics accumulated block by block."""
-    info = reader.tensors[name]
-    stats = TensorStats.empty(info.shape, axes, track_l1=track_l1)
-    scratch = bytearray(min(block_bytes, info.nbytes))
-    for index, piece in reader.pieces(name, block_bytes, scratch):
-        stats.add(piece, index)
-        if progress is not None:
-            progress(piece.nbytes)
-    return stats
+@dataclass
+class TensorEntry:
+    """What pass 1 knows of one tensor of a file (plain data)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+    skipped: str | None = None
 
 
-def _fill_before(entry: TensorReport, stats: TensorStats) -> None:
-    entry.norm = stats.norm
-    entry.nan, entry.inf = stats.nan_count, stats.inf_count
-    entry.max_abs = stats.max_abs
-    if stats.axes is not None:
-        entry.slices = int(stats.sum_of_squares.size)
-        entry.max_slice_norm = float(np.max(stats.slice_norms(), initial=0.0)) if entry.slices else 0.0
+@dataclass
+class FileStats:
+    """Pass 1 of one file: its tensors, the statistics of the selected ones, and what is not a tensor.
 
-
-def _fill_after(entry: TensorReport, after: TensorStats, scale: np.ndarray | None) -> None:
-    entry.norm_after = after.norm
-    if after.axes is not None:
-        entry.max_slice_norm_after = float(np.max(after.slice_norms(), initial=0.0)) if after.size else 0.0
-    if scale is not None:
-        scale = np.asarray(scale, dtype=np.float64)
-        entry.scale = float(np.min(scale)) if scale.size else 1.0
-        entry.clipped = bool(np.any(scale != 1.0))
-        if scale.ndim:
-            entry.slices_clipped = int(np.count_nonzero(scale != 1.0))
-
-
-class _Rewrite:
-    """Pass 2: read blocks, transform them, write them, and gather the after-statistics.
-
-    Writing happens on one background thread, in submission order, so the copy
-    into the page cache overlaps the next block's arithmetic (NumPy and file
-    writes release the GIL). Two output buffers alternate: a buffer is reused
-    only once the write that read from it has finished.
+    Plain and picklable: this is what crosses a process or machine boundary.
+    ``stats`` holds one :class:`TensorStats` per tensor that was read (the
+    selected ones; for the report also those whose rank cannot take the axes,
+    reduced as a whole).
     """
 
-    def __init__(self, reader: TensorReader, writer: TensorWriter | None, block_bytes: int,
-                 progress: Progress | None) -> None:
-        self.reader, self.writer = reader, writer
-        self.block_bytes, self.progress = block_bytes, progress
-        self.bytes_read = 0
-        self.read_buffer = bytearray(block_bytes)  # consumed before the next read
-        self.out_buffers = [bytearray(block_bytes), bytearray(block_bytes)]
-        self._writes: list[Future | None] = [None, None]  # the write using each buffer
-        self._turn = 0
-        self._last: Future | None = None
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tclip-writer") if writer else None
+    path: str
+    format: str
+    size_bytes: int
+    tensors: list[TensorEntry]
+    stats: dict[str, TensorStats]
+    others: list[Any] = field(default_factory=list)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    bytes_read: int = 0
+    elapsed_s: float = 0.0
 
-    def blocks(self, name: str) -> Iterable:
-        if self.writer is not None:
-            return self.writer.blocks(name, self.block_bytes)
-        return self.reader.blocks(name, self.block_bytes)
+    @property
+    def selected(self) -> list[str]:
+        return [t.name for t in self.tensors if t.skipped is None]
 
-    def _submit(self, function: Callable[..., None], *args: object) -> Future:
-        assert self._pool is not None
-        self._last = self._pool.submit(function, *args)
-        return self._last
 
-    def tensor(self, name: str,
-               transform: Callable[[tuple, np.ndarray, TensorStats, bytearray], np.ndarray],
-               axes: object = None, held: np.ndarray | None = None) -> TensorStats:
-        """Rewrite one tensor; ``transform(index, piece, after, buffer)`` returns the
-        new block (possibly a view of ``buffer``) and adds its statistics to ``after``."""
-        info = self.reader.tensors[name]
-        after = TensorStats.empty(info.shape, axes)
-        for index in self.blocks(name):
-            if held is not None:
-                piece = held[index]
+class HeldTensors:
+    """Small tensors pass 1 read, kept for pass 2 of the same run (never pickled)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.used = limit, 0
+        self.data: dict[str, np.ndarray] = {}
+
+    def offer(self, name: str, raw: np.ndarray) -> None:
+        if raw.nbytes <= IN_MEMORY_TENSOR_BYTES and self.used + raw.nbytes <= self.limit:
+            self.data[name] = raw.copy()
+            self.used += raw.nbytes
+
+
+def _storage(info: TensorInfo, axes: tuple[int, ...] | None) -> tuple[UnitGrid, tuple[int, ...] | None]:
+    shape = info.storage_shape
+    if axes is not None and info.fortran_order:
+        axes = tuple(sorted(len(shape) - 1 - a for a in axes))
+    return UnitGrid.of(shape), axes
+
+
+def _storage_view(array: np.ndarray, info: TensorInfo) -> np.ndarray:
+    return array.T if info.fortran_order and array.ndim else array
+
+
+def _check_slice_memory(infos: list[tuple[TensorInfo, tuple[int, ...] | None]], budget: Budget,
+                        path: object) -> None:
+    total = 0
+    for info, axes in infos:
+        if axes is None or info.size == 0:
+            continue
+        slices = math.prod(n for i, n in enumerate(info.shape) if i not in axes)
+        total += slices * 16  # a float64 sum and a float64 scale per slice
+        if total > budget.slice_bytes:
+            raise TclipError(f"tensor {info.name!r}: per-slice statistics of {slices:,} slices need "
+                             f"{total / 2**20:.0f} MiB, more than --memory allows for them "
+                             f"({budget.slice_bytes / 2**20:.0f} MiB); raise --memory", path)
+
+
+def select(reader: TensorReader, selection: Selection, axes: object = None,
+           whole_if_rank_skip: bool = False) -> tuple[list[TensorEntry], dict[str, tuple[int, ...] | None]]:
+    """Header-only: every tensor with its skip reason, and the reduction axes of those to read.
+
+    With ``whole_if_rank_skip`` (the report), a tensor whose rank cannot take
+    the axes is still read, reduced as a whole (NaN/Inf and its norm are never hidden).
+    """
+    entries, to_read = [], {}
+    for info in reader.tensors.values():
+        reason = skip_reason(info, selection, axes)
+        entries.append(TensorEntry(info.name, tuple(info.shape), dtype_name(info.dtype), info.nbytes, reason))
+        if reason is None:
+            to_read[info.name] = normalize_axes(axes, len(info.shape))
+        elif whole_if_rank_skip and is_rank_skip(reason):
+            to_read[info.name] = None
+    return entries, to_read
+
+
+def file_statistics(source: Path | str | TensorReader, *, selection: Selection | None = None, axes: object = None,
+                    track_l1: bool = False, track_moments: bool = False, budget: Budget | None = None,
+                    progress: Progress | None = None, whole_if_rank_skip: bool = False,
+                    held: HeldTensors | None = None) -> FileStats:
+    """Pass 1: statistics of one file's selected tensors, block by block, on the engine's threads.
+
+    Args:
+        source: a path, or a reader already open.
+        selection: include/exclude globs; only floating tensors are read.
+        axes: reduce per slice along these axes (tensors whose rank cannot take
+            them are skipped, or with ``whole_if_rank_skip`` reduced as a whole).
+        track_l1, track_moments: also the L1 norm / mean, zeros and histogram.
+        budget: memory and threads (:class:`tclip.engine.Budget`).
+        progress: called with byte counts; one pass advances it by the file's size.
+
+    Returns:
+        A :class:`FileStats`, identical to the last bit for any budget.
+    """
+    if isinstance(source, TensorReader):
+        return _statistics(source, selection or Selection(), axes, track_l1, track_moments, budget or Budget(),
+                           progress, whole_if_rank_skip, held)
+    with open_reader(source) as reader:
+        return _statistics(reader, selection or Selection(), axes, track_l1, track_moments, budget or Budget(),
+                           progress, whole_if_rank_skip, held)
+
+
+def _statistics(reader: TensorReader, selection: Selection, axes: object, track_l1: bool, track_moments: bool,
+                budget: Budget, progress: Progress | None, whole_if_rank_skip: bool,
+                held: HeldTensors | None) -> FileStats:
+    started = time.perf_counter()
+    path = reader.path
+    entries, to_read = select(reader, selection, axes, whole_if_rank_skip)
+    _check_slice_memory([(reader.tensors[n], a) for n, a in to_read.items()], budget, path)
+    stats = {name: TensorStats.empty(reader.tensors[name].shape, a, track_l1=track_l1,
+                                     track_moments=track_moments) for name, a in to_read.items()}
+    size = os.stat(path).st_size
+    result = FileStats(str(path), reader.format_name, size, entries, stats, list(reader.others),
+                       dict(reader.metadata))
+    itemsize = max((reader.tensors[n].dtype.itemsize for n in to_read), default=4)
+    layouts = {name: _storage(reader.tensors[name], a) for name, a in to_read.items()}
+    with BlockRunner(budget, itemsize) as runner:
+        def jobs() -> Iterator[Job]:
+            for name in to_read:
+                info = reader.tensors[name]
+                grid, _ = layouts[name]
+                per_block = max(1, runner.block_bytes // max(1, info.dtype.itemsize))
+                for first, stop in grid.blocks(per_block, reader.align(name)):
+                    start, end = grid.span(first, stop)
+                    yield Job(name, first, stop, start, end)
+
+        def read(job: Job, buffer: np.ndarray) -> np.ndarray:
+            return reader.read_flat(job.name, job.start, job.end, buffer)
+
+        def prepare(job: Job, buffer: np.ndarray) -> np.ndarray | None:
+            return None if reader.parallel_safe(job.name) else read(job, buffer)
+
+        def work(job: Job, buffer: np.ndarray) -> tuple[np.ndarray, list[tuple]]:
+            data = job.data if job.data is not None else read(job, buffer)
+            grid, storage_axes = layouts[job.name]
+            tensor_stats = stats[job.name]
+            scratch = runner.scratch()
+            results = []
+            for k in range(job.first, job.stop):
+                lo, hi = grid.bounds(k)
+                unit = data[lo - job.start:hi - job.start].reshape(grid.unit_shape(k))
+                results.append(tensor_stats.reduce(unit, scratch, storage_axes))
+            return data, results
+
+        def finish(job: Job, outcome: tuple[np.ndarray, list[tuple]]) -> None:
+            data, results = outcome
+            grid, storage_axes = layouts[job.name]
+            tensor_stats = stats[job.name]
+            target = _storage_view(tensor_stats.sum_of_squares, reader.tensors[job.name]) \
+                if tensor_stats.axes is not None else None
+            for k, unit_result in zip(range(job.first, job.stop), results):
+                at = grid.index(k) if storage_axes is not None else ()
+                tensor_stats.add_unit(unit_result, at, target, storage_axes)
+            if held is not None and job.start == 0 and job.end == reader.tensors[job.name].size:
+                held.offer(job.name, data)
+            result.bytes_read += data.nbytes
+            if progress is not None:
+                progress(data.nbytes)
+
+        runner.run(jobs(), prepare, work, finish,
+                   lambda job: (job.end - job.start) * reader.tensors[job.name].dtype.itemsize)
+    if progress is not None:
+        progress(max(0, size - result.bytes_read))  # a pass advances by the file's size
+    result.elapsed_s = time.perf_counter() - started
+    return result
+
+
+# --------------------------------------------------------------------------- plan
+
+
+@dataclass
+class TensorWork:
+    """What pass 2 does to one tensor: multiply by ``scale`` (a 0-d array, or one
+    factor per slice in keepdims form) or clamp to ``bounds``."""
+
+    scale: np.ndarray | None = None
+    bounds: tuple[float, float] | None = None
+
+
+@dataclass
+class Plan:
+    """Pass 2's work for every file of a run: ``work[path][tensor]``; tensors not listed are copied."""
+
+    mode: Mode
+    work: dict[str, dict[str, TensorWork]]
+    scales: dict[str, dict[str, np.ndarray]]
+    global_norm: float | None = None
+
+
+def make_plan(mode: Mode, files: list[FileStats]) -> Plan:
+    """Scale factors (or value bounds) for every selected tensor of every file.
+
+    ``global`` reduces the statistics of all files to one norm (an exact sum of
+    every tensor's sum of squares); the other modes work per tensor.
+    """
+    work: dict[str, dict[str, TensorWork]] = {}
+    scales: dict[str, dict[str, np.ndarray]] = {}
+    global_norm = None
+    if isinstance(mode, GlobalNormClip):
+        every = [f.stats[n] for f in files for n in f.selected]
+        global_norm = global_norm_of(every) if mode.use_norm is None else float(mode.use_norm)
+    for stats in files:
+        chosen = {n: stats.stats[n] for n in stats.selected}
+        file_work: dict[str, TensorWork] = {}
+        if isinstance(mode, ValueClip):
+            dtypes = {t.name: t.dtype for t in stats.tensors}
+            for name, s in chosen.items():
+                lo, hi = _value_bounds_of(dtypes[name], mode)
+                if s.min_value < lo or s.max_value > hi:
+                    file_work[name] = TensorWork(bounds=(lo, hi))
+            scales[stats.path] = {}
+        else:
+            if isinstance(mode, GlobalNormClip):
+                file_scales = plan_scales(GlobalNormClip(mode.clip_norm, global_norm), chosen)
             else:
-                piece = self.reader.read(name, index, self.read_buffer)
-                self.bytes_read += piece.nbytes
-                if self.progress is not None:
-                    self.progress(piece.nbytes)
-            slot = self._turn % 2
-            self._turn += 1
-            pending = self._writes[slot]
-            if pending is not None:
-                pending.result()  # the buffer is free again (and a write error surfaces here)
-            out = transform(index, piece, after, self.out_buffers[slot])
-            if self.writer is not None:
-                self._writes[slot] = self._submit(self.writer.write, name, index, out)
-        return after
+                file_scales = plan_scales(mode, chosen)
+            scales[stats.path] = file_scales
+            for name, scale in file_scales.items():
+                if not np.all(scale == 1.0):
+                    file_work[name] = TensorWork(scale=scale)
+        work[stats.path] = file_work
+    return Plan(mode, work, scales, global_norm)
 
-    def copy(self, name: str) -> None:
-        # On this thread, after the pending writes: copying reads the source, and
-        # a reader (a zip member stream) is not to be shared between threads.
-        if self.writer is not None:
-            self._drain()
-            self.writer.copy_tensor(self.reader, name, self.block_bytes)
-            if self.progress is not None:
-                self.progress(self.reader.tensors[name].nbytes)
 
-    def _drain(self) -> None:
-        for future in (*self._writes, self._last):
-            if future is not None:
-                future.result()
-        self._writes, self._last = [None, None], None
+def _value_bounds_of(dtype: str, mode: ValueClip) -> tuple[float, float]:
+    from .dtypes import ML_FLOAT_TYPES
 
-    def finish(self) -> None:
-        """Wait for every write; re-raise the first error."""
-        if self._pool is None:
-            return
-        try:
-            self._drain()
-        finally:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+    numpy_dtype = next((np.dtype(t) for t in ML_FLOAT_TYPES if np.dtype(t).name == dtype), None)
+    if numpy_dtype is None:
+        numpy_dtype = np.dtype(dtype.replace(" (big-endian)", ""))
+    lo, hi = value_bounds(numpy_dtype, mode.clip_value_min, mode.clip_value_max)
+    return float(lo), float(hi)
 
-    def cancel(self) -> None:
-        """Stop writing (after an error elsewhere); the output is being thrown away."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+
+# --------------------------------------------------------------------------- pass 2
+
+
+@dataclass
+class RewriteResult:
+    """Pass 2 of one file: where it went and the after-statistics of the rewritten tensors."""
+
+    path: str
+    output: str | None
+    after: dict[str, TensorStats]
+    changed: dict[str, int]
+    bytes_read: int = 0
+    bytes_written: int = 0
+    elapsed_s: float = 0.0
+    warnings: list[str] = field(default_factory=list)
+
+
+def rewrite_file(source: Path | str | TensorReader, work: dict[str, TensorWork], target: Path | None, *,
+                 axes: object = None, overwrite: bool = False, budget: Budget | None = None,
+                 progress: Progress | None = None, held: HeldTensors | None = None,
+                 drop_nonnumeric: bool = False, metadata: dict[str, str] | None = None,
+                 writer_factory: Callable[..., TensorWriter] | None = None) -> RewriteResult:
+    """Pass 2: write ``source`` to ``target`` with each tensor of ``work`` rewritten.
+
+    Tensors not in ``work`` are copied byte for byte where the formats allow.
+    With ``target`` None nothing is written (a dry run computes the after-statistics).
+    The output appears atomically, only when everything succeeded.
+    """
+    if isinstance(source, TensorReader):
+        return _rewrite(source, work, target, axes, overwrite, budget or Budget(), progress, held,
+                        drop_nonnumeric, metadata, writer_factory)
+    with open_reader(source) as reader:
+        return _rewrite(reader, work, target, axes, overwrite, budget or Budget(), progress, held,
+                        drop_nonnumeric, metadata, writer_factory)
+
+
+def carried_loss(reader: TensorReader, target: Path) -> list[str]:
+    """What writing ``reader`` to ``target`` (another format) cannot carry, for people."""
+    kind = format_for_suffix(target) or reader.format_name
+    if kind == reader.format_name:
+        return []
+    lost = [f"{o.name} ({o.kind})" for o in reader.others]
+    lost += [f"{t.name} ({t.dtype} is not numeric)" for t in reader.tensors.values() if not t.numeric]
+    if reader.format_name == "hdf5":
+        with_attrs = [t.name for t in reader.tensors.values() if t.attrs]
+        if with_attrs:
+            lost.append(f"the attributes of {len(with_attrs)} dataset(s) ({', '.join(with_attrs[:3])}"
+                        f"{' ...' if len(with_attrs) > 3 else ''})")
+    if reader.metadata and kind in ("npy", "npz"):
+        lost.append(f"the file's metadata ({len(reader.metadata)} entries)")
+    return lost
+
+
+def _rewrite(reader: TensorReader, work: dict[str, TensorWork], target: Path | None, axes: object,
+             overwrite: bool, budget: Budget, progress: Progress | None, held: HeldTensors | None,
+             drop_nonnumeric: bool, metadata: dict[str, str] | None,
+             writer_factory: Callable[..., TensorWriter] | None) -> RewriteResult:
+    started = time.perf_counter()
+    result = RewriteResult(str(reader.path), None if target is None else str(target), {}, {})
+    tensors = list(reader.tensors.values())
+    if target is not None:
+        lost = carried_loss(reader, target)
+        if lost:
+            listing = ", ".join(lost[:8]) + (f" and {len(lost) - 8} more" if len(lost) > 8 else "")
+            if not drop_nonnumeric:
+                raise UnsupportedError(f"{format_for_suffix(target) or 'the output format'} cannot hold {listing}; "
+                                       "nothing was written (--drop-nonnumeric drops them with a warning)",
+                                       reader.path)
+            result.warnings.append(f"dropped what the output format cannot hold: {listing}")
+            tensors = [t for t in tensors if t.numeric]
+    writer: TensorWriter | None = None
+    if target is not None:
+        factory = writer_factory or create_writer
+        writer = factory(target, reader, tensors=tensors if len(tensors) != len(reader.tensors) else None,
+                         overwrite=overwrite, rewritten=set(work), metadata=metadata)
+    written = {t.name for t in tensors}
+    try:
+        _run_rewrite(reader, writer, work, axes, budget, progress, held, written, result)
+        if writer is not None:
+            writer.commit()
+            result.bytes_written = os.stat(target).st_size  # type: ignore[arg-type]
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise
+    result.elapsed_s = time.perf_counter() - started
+    return result
+
+
+def _run_rewrite(reader: TensorReader, writer: TensorWriter | None, work: dict[str, TensorWork], axes: object,
+                 budget: Budget, progress: Progress | None, held: HeldTensors | None, written: set[str],
+                 result: RewriteResult) -> None:
+    layouts = {}
+    for name, task in work.items():
+        info = reader.tensors[name]
+        tensor_axes = normalize_axes(axes, len(info.shape)) if task.scale is not None and task.scale.ndim else None
+        layouts[name] = _storage(info, tensor_axes)
+        result.after[name] = TensorStats.empty(info.shape, tensor_axes)
+        result.changed[name] = 0
+    size = os.stat(reader.path).st_size
+    itemsize = max((reader.tensors[n].dtype.itemsize for n in work), default=4)
+    counted = 0
+
+    def advance(nbytes: int) -> None:
+        nonlocal counted
+        counted += nbytes
+        if progress is not None:
+            progress(nbytes)
+
+    with BlockRunner(budget, itemsize) as runner:
+        def copy(name: str) -> None:
+            if writer is not None and name in written:
+                writer.copy_tensor(reader, name)
+            advance(reader.tensors[name].nbytes)
+
+        def jobs() -> Iterator[Job]:
+            for name, info in reader.tensors.items():
+                if name not in work:
+                    yield Job(name, kind="main", action=lambda n=name: copy(n))
+                    continue
+                grid, _ = layouts[name]
+                per_block = max(1, runner.block_bytes // max(1, info.dtype.itemsize))
+                for first, stop in grid.blocks(per_block, reader.align(name)):
+                    start, end = grid.span(first, stop)
+                    yield Job(name, first, stop, start, end)
+
+        def read(job: Job, buffer: np.ndarray) -> np.ndarray:
+            kept = held.data.get(job.name) if held is not None else None
+            if kept is not None:
+                nbytes = (job.end - job.start) * kept.dtype.itemsize
+                out = buffer[:nbytes].view(kept.dtype)
+                out[...] = kept[job.start:job.end]
+                return out
+            return reader.read_flat(job.name, job.start, job.end, buffer)
+
+        def prepare(job: Job, buffer: np.ndarray) -> np.ndarray | None:
+            held_here = held is not None and job.name in held.data
+            return None if held_here or reader.parallel_safe(job.name) else read(job, buffer)
+
+        def work_on(job: Job, buffer: np.ndarray) -> tuple[np.ndarray, list[tuple], int, bool]:
+            data = job.data if job.data is not None else read(job, buffer)
+            task = work[job.name]
+            grid, storage_axes = layouts[job.name]
+            after = result.after[job.name]
+            scratch = runner.scratch()
+            scale = None
+            if task.scale is not None and task.scale.ndim:
+                scale = _storage_view(task.scale, reader.tensors[job.name])
+            results, changed = [], 0
+            for k in range(job.first, job.stop):
+                lo, hi = grid.bounds(k)
+                unit = data[lo - job.start:hi - job.start].reshape(grid.unit_shape(k))
+                if task.bounds is not None:
+                    changed += clip_unit(unit, task.bounds[0], task.bounds[1], scratch)
+                elif scale is not None:
+                    scale_unit(unit, scale[kept_index(grid.index(k), unit.ndim, storage_axes)], scratch)
+                else:
+                    scale_unit(unit, float(task.scale), scratch)  # type: ignore[arg-type]
+                results.append(after.reduce(unit, scratch, storage_axes))
+            done = False
+            if writer is not None and job.name in written and writer.parallel_safe(job.name):
+                writer.write_flat(job.name, job.start, data)
+                done = True
+            return data, results, changed, done
+
+        def finish(job: Job, outcome: tuple[np.ndarray, list[tuple], int, bool]) -> None:
+            data, results, changed, done = outcome
+            grid, storage_axes = layouts[job.name]
+            after = result.after[job.name]
+            target = _storage_view(after.sum_of_squares, reader.tensors[job.name]) \
+                if after.axes is not None else None
+            for k, unit_result in zip(range(job.first, job.stop), results):
+                at = grid.index(k) if storage_axes is not None else ()
+                after.add_unit(unit_result, at, target, storage_axes)
+            result.changed[job.name] += changed
+            if writer is not None and job.name in written and not done:
+                writer.write_flat(job.name, job.start, data)
+            result.bytes_read += data.nbytes
+            advance(data.nbytes)
+
+        runner.run(jobs(), prepare, work_on, finish,
+                   lambda job: (job.end - job.start) * reader.tensors[job.name].dtype.itemsize)
+    if progress is not None:
+        progress(max(0, size - counted))
+
+
+# --------------------------------------------------------------------------- one file
 
 
 def _resolve_output(path: Path, options: ClipOptions) -> Path:
@@ -288,20 +642,126 @@ def _nonfinite_message(report: FileReport) -> str:
         if t.skipped is None and t.nonfinite:
             counts = [f"{n} {label}" for n, label in ((t.nan, "NaN"), (t.inf, "Inf")) if n]
             parts.append(f"{t.name} ({', '.join(counts)})")
-    return ("NaN/Inf values in " + ", ".join(parts) + "; nothing was written "
+    shown = ", ".join(parts[:10]) + (f" and {len(parts) - 10} more" if len(parts) > 10 else "")
+    return ("NaN/Inf values in " + shown + "; nothing was written "
             "(--nonfinite propagate clips them as TensorFlow does)")
+
+
+def start_report(stats: FileStats, mode_name: str, params: dict[str, object]) -> FileReport:
+    """The report of one file from its pass 1: every tensor with its skip reason and statistics."""
+    report = FileReport(file=stats.path, mode=mode_name, params=params, format=stats.format)
+    for entry in stats.tensors:
+        tensor = TensorReport(entry.name, list(entry.shape), entry.dtype, entry.nbytes, skipped=entry.skipped)
+        s = stats.stats.get(entry.name)
+        if s is not None:
+            fill_before(tensor, s)
+        report.tensors.append(tensor)
+    report.others = [OtherReport(o.name, o.kind, o.reason, None if o.shape is None else list(o.shape), o.dtype)
+                     for o in stats.others]
+    report.bytes_read = stats.bytes_read
+    return report
+
+
+def fill_before(entry: TensorReport, stats: TensorStats) -> None:
+    entry.norm = stats.norm
+    entry.nan, entry.inf = stats.nan_count, stats.inf_count
+    entry.max_abs = stats.max_abs
+    if stats.size and stats.count:
+        entry.min = stats.min_value if stats.count > stats.nan_count else None
+        entry.max = stats.max_value if stats.count > stats.nan_count else None
+    if stats.axes is not None:
+        entry.slices = int(stats.sum_of_squares.size)
+        entry.max_slice_norm = float(np.max(stats.slice_norms(), initial=0.0)) if entry.slices else 0.0
+
+
+def fill_after(entry: TensorReport, after: TensorStats, scale: np.ndarray | None) -> None:
+    entry.norm_after = after.norm
+    if after.axes is not None:
+        entry.max_slice_norm_after = float(np.max(after.slice_norms(), initial=0.0)) if after.size else 0.0
+    if scale is not None:
+        scale = np.asarray(scale, dtype=np.float64)
+        entry.scale = float(np.min(scale)) if scale.size else 1.0
+        entry.clipped = bool(np.any(scale != 1.0))
+        if scale.ndim:
+            entry.slices_clipped = int(np.count_nonzero(scale != 1.0))
+
+
+def finish_report(report: FileReport, stats: FileStats, plan: Plan, rewrite: RewriteResult | None) -> None:
+    """Fill the after-columns and totals of a report from the plan and pass 2."""
+    entries = {t.name: t for t in report.tensors}
+    scales = plan.scales.get(stats.path, {})
+    chosen = stats.selected
+    for name in chosen:
+        entry, before = entries[name], stats.stats[name]
+        if rewrite is not None and name in rewrite.after:
+            fill_after(entry, rewrite.after[name], scales.get(name))
+            if isinstance(plan.mode, ValueClip):
+                entry.changed = rewrite.changed[name]
+                entry.clipped = entry.changed > 0
+        else:
+            fill_after(entry, before, scales.get(name))
+            if isinstance(plan.mode, ValueClip):
+                entry.changed, entry.clipped = 0, False
+        if before.axes is not None:
+            slice_summary(entry, before, scales.get(name))
+    picked = [entries[n] for n in chosen]
+    report.global_norm = math.sqrt(math.fsum((t.norm or 0.0) ** 2 for t in picked)) if picked else 0.0
+    if all(t.norm_after is not None for t in picked):
+        report.global_norm_after = math.sqrt(math.fsum(t.norm_after ** 2 for t in picked)) if picked else 0.0  # type: ignore[operator]
+    if rewrite is not None:
+        report.bytes_read += rewrite.bytes_read
+        report.bytes_written = rewrite.bytes_written
+        report.output = rewrite.output
+        report.warnings += rewrite.warnings
+
+
+def header_checks(reader: TensorReader, entries: list[TensorEntry], mode: Mode, options: ClipOptions,
+                  path: Path, warnings: list[str]) -> None:
+    """What can be refused from the header alone, before any data is read."""
+    selection = options.selection
+    refused = [info for info in reader.tensors.values()
+               if info.refused and selection.matches(info.name) and is_floating(info.dtype)]
+    if refused:
+        first = refused[0]
+        more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
+        raise UnsupportedError(f"tensor {first.name!r}{more}: {first.refused}; nothing was written. "
+                               "Leave such tensors out with --exclude to clip the rest", path)
+    rank_skips = [e for e in entries if is_rank_skip(e.skipped)]
+    if rank_skips:
+        listing = ", ".join(f"{e.name} ({e.skipped})" for e in rank_skips[:20])
+        if len(rank_skips) > 20:
+            listing += f" and {len(rank_skips) - 20} more"
+        if options.strict:
+            raise TclipError(f"--axes does not fit {len(rank_skips)} tensor(s): {listing}", path)
+        if not any(e.skipped is None for e in entries):
+            raise TclipError(f"--axes {_axes_text(getattr(mode, 'axes', None))} fits no tensor of the file "
+                             f"({listing}); nothing was written", path)
+        warnings.append(f"{len(rank_skips)} tensor(s) left unchanged: {listing}")
+    for pattern in selection.unmatched(list(reader.tensors)):
+        warnings.append(f"pattern {pattern!r} matches no tensor")
+    if not any(e.skipped is None for e in entries):
+        warnings.append("no floating-point tensor selected; the output is a copy")
+
+
+def _axes_text(axes: object) -> str:
+    if axes is None:
+        return ""
+    return ",".join(str(a) for a in ([axes] if isinstance(axes, int) else axes))  # type: ignore[union-attr]
 
 
 def clip_file(path: Path | str, mode: Mode, options: ClipOptions | None = None,
               progress: Progress | None = None) -> FileReport:
     """Clip every selected floating tensor of a file and write the result.
 
+    The composition of the three steps for one file: :func:`file_statistics`,
+    :func:`make_plan`, :func:`rewrite_file`.
+
     Args:
         path: the input file (.npy, .npz, .safetensors, .h5/.hdf5).
         mode: :class:`NormClip`, :class:`AverageNormClip`,
             :class:`GlobalNormClip` or :class:`ValueClip`.
         options: output, selection and policies (:class:`ClipOptions`).
-        progress: called with the number of bytes read, as work goes on.
+        progress: called with byte counts as work goes on (two passes: twice the file's size).
 
     Returns:
         The :class:`FileReport`: norms before and after, scales, skips, output.
@@ -320,177 +780,55 @@ def clip_file(path: Path | str, mode: Mode, options: ClipOptions | None = None,
     started = time.perf_counter()
     if isinstance(mode, ValueClip):
         value_bounds(np.dtype(np.float64), mode.clip_value_min, mode.clip_value_max)
+    axes = mode.axes if isinstance(mode, NormClip) else None
+    budget = options.budget
     with open_reader(path) as reader:
-        report = _start_report(reader, path, mode.name, mode_params(mode))
+        entries, _ = select(reader, options.selection, axes)
+        warnings: list[str] = []
+        header_checks(reader, entries, mode, options, path, warnings)
+        target = _resolve_output(path, options)
+        overwrite = options.overwrite or options.in_place
+        would_write, exists = target, os.path.lexists(target)
+        if options.dry_run:
+            target = None
+        elif not overwrite and exists:
+            raise OutputExistsError("output already exists; pass --force to replace it", target)
+        held = HeldTensors(budget.memory // 8)
+        stats = file_statistics(reader, selection=options.selection, axes=axes, budget=budget, progress=progress,
+                                held=held)
+        report = start_report(stats, mode.name, mode_params(mode))
         report.dry_run = options.dry_run
-        entries = {t.name: t for t in report.tensors}
-        selected = []
-        for info in reader.tensors.values():
-            reason = _skip_reason(info, options.selection, mode.axes if isinstance(mode, NormClip) else None)
-            entries[info.name].skipped = reason
-            if reason is None:
-                selected.append(info.name)
-        refused = [info for info in reader.tensors.values()
-                   if info.refused and options.selection.matches(info.name) and is_floating(info.dtype)]
-        if refused:
-            first = refused[0]
-            more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
-            raise UnsupportedError(f"tensor {first.name!r}{more}: {first.refused}; nothing was written. "
-                                   "Leave such tensors out with --exclude to clip the rest", path)
-        rank_skips = [t for t in report.tensors if t.skipped and t.skipped.startswith(("rank ", "axes "))]
-        if rank_skips:
-            listing = ", ".join(f"{t.name} ({t.skipped})" for t in rank_skips)
-            if options.strict:
-                raise TclipError(f"--axes does not fit {len(rank_skips)} tensor(s): {listing}", path)
-            report.warnings.append(f"{len(rank_skips)} tensor(s) left unchanged: {listing}")
-        if not selected:
-            report.warnings.append("no floating-point tensor selected; the output is a copy")
-
-        writer = None
-        if not options.dry_run:
-            out = _resolve_output(path, options)
-            writer = create_writer(out, reader, overwrite=options.overwrite or options.in_place)
-            report.output = str(out)
-        rewrite = _Rewrite(reader, writer, options.block_bytes, progress)
-        refuse_nonfinite = options.nonfinite == "error"
-        try:
-            if isinstance(mode, GlobalNormClip):
-                _clip_global(reader, mode, selected, entries, rewrite, refuse_nonfinite, report)
-            else:
-                _clip_per_tensor(reader, mode, selected, entries, rewrite, refuse_nonfinite, report)
-            rewrite.finish()
-            if refuse_nonfinite and any(entries[n].nonfinite for n in selected):
-                raise NonFiniteError(_nonfinite_message(report), path)
-            if writer is not None:
-                writer.commit()
-                report.bytes_written = os.stat(report.output).st_size if report.output else 0
-        except BaseException:
-            rewrite.cancel()
-            if writer is not None:
-                writer.abort()
-            report.output = None
-            raise
-        report.bytes_read = rewrite.bytes_read
-        _global_norms(report, selected)
+        if options.dry_run:
+            report.would_write, report.output_exists = str(would_write), exists
+        report.warnings += warnings
+        if options.nonfinite == "error" and any(report_entry.nonfinite for report_entry in report.tensors
+                                                 if report_entry.skipped is None):
+            raise NonFiniteError(_nonfinite_message(report), path)
+        plan = make_plan(mode, [stats])
+        rewrite = rewrite_file(reader, plan.work[stats.path], target, axes=axes,
+                               overwrite=options.overwrite or options.in_place, budget=budget, progress=progress,
+                               held=held, drop_nonnumeric=options.drop_nonnumeric)
+        finish_report(report, stats, plan, rewrite)
     report.elapsed_s = time.perf_counter() - started
     return report
 
 
-def _global_norms(report: FileReport, selected: list[str]) -> None:
-    entries = {t.name: t for t in report.tensors}
-    chosen = [entries[n] for n in selected]
-    report.global_norm = math.sqrt(math.fsum((t.norm or 0.0) ** 2 for t in chosen)) if chosen else 0.0
-    if all(t.norm_after is not None for t in chosen):
-        report.global_norm_after = math.sqrt(math.fsum(t.norm_after ** 2 for t in chosen)) if chosen else 0.0  # type: ignore[operator]
-
-
-def _clip_global(reader: TensorReader, mode: GlobalNormClip, selected: list[str], entries: dict[str, TensorReport],
-                 rewrite: _Rewrite, refuse_nonfinite: bool, report: FileReport) -> None:
-    stats = {}
-    for name in selected:
-        stats[name] = tensor_statistics(reader, name, block_bytes=rewrite.block_bytes, progress=rewrite.progress)
-        rewrite.bytes_read += reader.tensors[name].nbytes
-        _fill_before(entries[name], stats[name])
-    if refuse_nonfinite and any(s.nonfinite_count for s in stats.values()):
-        return  # clip_file raises, naming every tensor
-    scales = plan_scales(mode, stats)
-    for name in reader.tensors:
-        if name not in stats:
-            rewrite.copy(name)
-            continue
-        scale = scales[name]
-        if np.all(scale == 1.0):  # nothing to change: copy the bytes as they are
-            rewrite.copy(name)
-            _fill_after(entries[name], stats[name], scale)
-            continue
-        after = rewrite.tensor(name, lambda index, piece, stats, buffer, s=scale: apply_scale(
-            piece, s, buffer, after=stats, index=index))
-        _fill_after(entries[name], after, scale)
-
-
-def _clip_per_tensor(reader: TensorReader, mode: Mode, selected: list[str], entries: dict[str, TensorReport],
-                     rewrite: _Rewrite, refuse_nonfinite: bool, report: FileReport) -> None:
-    chosen = set(selected)
-    for name, info in reader.tensors.items():
-        entry = entries[name]
-        if name not in chosen:
-            rewrite.copy(name)
-            continue
-        if refuse_nonfinite and any(entries[n].nonfinite for n in selected):
-            # The file is refused already: gather statistics only, to name every bad tensor.
-            _fill_before(entry, tensor_statistics(reader, name, block_bytes=rewrite.block_bytes))
-            continue
-        if isinstance(mode, ValueClip):
-            _clip_values_of(reader, mode, name, entry, rewrite)
-            continue
-        axes = stats_axes(mode, len(info.shape))
-        held = None
-        if info.nbytes <= IN_MEMORY_TENSOR_BYTES:
-            held = reader.read(name)
-            rewrite.bytes_read += held.nbytes
-            if rewrite.progress is not None:
-                rewrite.progress(held.nbytes)
-            stats = TensorStats.empty(info.shape, axes)
-            for index in reader.blocks(name, rewrite.block_bytes):
-                stats.add(held[index], index)
-        else:
-            stats = tensor_statistics(reader, name, axes, block_bytes=rewrite.block_bytes, progress=rewrite.progress)
-            rewrite.bytes_read += info.nbytes
-        _fill_before(entry, stats)
-        if refuse_nonfinite and stats.nonfinite_count:
-            continue
-        scale = plan_scales(mode, {name: stats})[name]
-        if np.all(scale == 1.0):  # within the limit: copy the bytes as they are
-            rewrite.copy(name)
-            _fill_after(entry, stats, scale)
-            continue
-        ndim = len(info.shape)
-        after = rewrite.tensor(
-            name,
-            lambda index, piece, stats, buffer, s=scale, n=ndim, a=axes: apply_scale(
-                piece, scale_for_piece(s, index, n, a), buffer, after=stats, index=index),
-            axes=axes, held=held)
-        _fill_after(entry, after, scale)
-
-
-def _clip_values_of(reader: TensorReader, mode: ValueClip, name: str, entry: TensorReport,
-                    rewrite: _Rewrite) -> None:
-    info = reader.tensors[name]
-    lo, hi = value_bounds(info.dtype, mode.clip_value_min, mode.clip_value_max)
-    before = TensorStats.empty(info.shape)
-    changed = 0
-
-    def transform(index: tuple, piece: np.ndarray, after: TensorStats, buffer: bytearray) -> np.ndarray:
-        nonlocal changed
-        nans_before = before.nan_count
-        before.add(piece, index)
-        out = clip_values(piece, lo, hi)
-        # NaN stays NaN but compares unequal to itself: take this piece's NaNs off.
-        changed += int(np.count_nonzero(out != piece)) - (before.nan_count - nans_before)
-        after.add(out, index)
-        return out
-
-    after = rewrite.tensor(name, transform)
-    _fill_before(entry, before)
-    entry.norm_after = after.norm
-    entry.changed = changed
-    entry.clipped = changed > 0
-
-
 def report_file(path: Path | str, *, axes: object = None, ord: str = "2", selection: Selection | None = None,
-                block_bytes: int = DEFAULT_BLOCK_BYTES, progress: Progress | None = None) -> FileReport:
+                block_bytes: int | None = None, progress: Progress | None = None, moments: bool = False,
+                memory: int = Budget.memory, threads: int = 0) -> FileReport:
     """Read a file and report the norms and statistics of its tensors; writes nothing.
 
     Args:
         path: the file.
         axes: also compute slice norms along these axes (tensors whose rank
-            cannot take them are skipped with the reason).
+            cannot take them are reported whole, with the reason).
         ord: the norm reported: "2" (L2), "1" or "inf" (largest |x|).
         selection: include/exclude globs.
+        moments: also mean, std, zeros and a log2-magnitude histogram.
 
     Returns:
         A :class:`FileReport` with mode "report"; ``global_norm`` is of that order
-        over the numeric tensors reported.
+        over the floating tensors reported.
     """
     path = Path(path)
     started = time.perf_counter()
@@ -498,31 +836,42 @@ def report_file(path: Path | str, *, axes: object = None, ord: str = "2", select
     params: dict[str, object] = {"ord": ord}
     if axes is not None:
         params["axes"] = [axes] if isinstance(axes, int) else list(axes)  # type: ignore[call-overload]
-    with open_reader(path) as reader:
-        report = _start_report(reader, path, "report", params)
-        report.ord = ord
-        report.metadata = dict(reader.metadata)
-        for entry, info in zip(report.tensors, reader.tensors.values()):
-            # The same tensors the clipping commands would work on: floating ones.
-            entry.skipped = _skip_reason(info, selection, axes)
-            if entry.skipped is not None:
-                continue
-            stats = tensor_statistics(reader, info.name, None if axes is None else axes,
-                                      block_bytes=block_bytes, progress=progress, track_l1=ord == "1")
-            report.bytes_read += info.nbytes
-            _fill_before(entry, stats)
-            entry.norm = {"2": stats.norm, "1": stats.l1_norm if ord == "1" else 0.0, "inf": stats.max_abs}[ord]
-            if stats.nan_count and ord != "2":
-                entry.norm = math.nan  # as the L2 norm is, so NaN is never hidden
-        counted = [t for t in report.tensors if t.skipped is None]
-        norms = [t.norm or 0.0 for t in counted]
-        if ord == "2":
-            report.global_norm = math.sqrt(math.fsum(n * n for n in norms))
-        elif ord == "1":
-            report.global_norm = math.fsum(norms)
-        else:
-            report.global_norm = max(norms, default=0.0)
+    stats = file_statistics(path, selection=selection, axes=axes, track_l1=ord == "1", track_moments=moments,
+                            budget=Budget(memory, threads, block_bytes), progress=progress, whole_if_rank_skip=True)
+    report = report_from_stats(stats, ord, params, selection)
     report.elapsed_s = time.perf_counter() - started
+    return report
+
+
+def report_from_stats(stats: FileStats, ord: str, params: dict[str, object],
+                      selection: Selection | None = None) -> FileReport:
+    """The read-only report of one file from its pass 1."""
+    report = start_report(stats, "report", params)
+    report.ord = ord
+    report.metadata = dict(stats.metadata)
+    for entry in report.tensors:
+        s = stats.stats.get(entry.name)
+        if s is None:
+            continue
+        entry.norm = {"2": s.norm, "1": s.l1_norm if ord == "1" else 0.0, "inf": s.max_abs}[ord]
+        if s.nan_count and ord != "2":
+            entry.norm = math.nan  # as the L2 norm is, so NaN is never hidden
+        if s.moments is not None:
+            entry.mean, entry.std = s.mean, s.std
+            entry.zeros = s.moments.zeros
+            entry.histogram = s.moments.histogram()
+        if s.axes is not None:
+            slice_summary(entry, s, None)
+    counted = [t for t in report.tensors if t.name in stats.stats]
+    norms = [t.norm or 0.0 for t in counted]
+    if ord == "2":
+        report.global_norm = math.sqrt(math.fsum(n * n for n in norms))
+    elif ord == "1":
+        report.global_norm = math.fsum(norms)
+    else:
+        report.global_norm = max(norms, default=0.0)
+    for pattern in (selection or Selection()).unmatched([t.name for t in report.tensors]):
+        report.warnings.append(f"pattern {pattern!r} matches no tensor")
     return report
 
 
@@ -530,14 +879,36 @@ def file_info(path: Path | str) -> InfoReport:
     """Names, shapes, dtypes, sizes and metadata from the header alone."""
     path = Path(path)
     with open_reader(path) as reader:
-        tensors = [InfoTensor(t.name, list(t.shape), dtype_name(t.dtype), t.nbytes, dict(t.attrs))
+        tensors = [InfoTensor(t.name, list(t.shape), dtype_name(t.dtype), t.nbytes, dict(t.attrs), t.refused)
                    for t in reader.tensors.values()]
-        return InfoReport(str(path), reader.format_name, path.stat().st_size, tensors, dict(reader.metadata))
+        others = [OtherReport(o.name, o.kind, o.reason, None if o.shape is None else list(o.shape), o.dtype)
+                  for o in reader.others]
+        return InfoReport(str(path), reader.format_name, path.stat().st_size, tensors, dict(reader.metadata), others)
+
+
+def tensor_statistics(reader: TensorReader, name: str, axes: object = None, *,
+                      block_bytes: int = DEFAULT_BLOCK_BYTES, progress: Progress | None = None,
+                      track_l1: bool = False) -> TensorStats:
+    """Pass 1 for one tensor of an open reader (single-threaded)."""
+    stats = file_statistics(reader, selection=Selection(include=(_glob_escape(name),)), axes=axes,
+                            track_l1=track_l1, budget=Budget(threads=1, block_bytes=block_bytes))
+    return stats.stats[name]
+
+
+def _glob_escape(name: str) -> str:
+    return "".join(f"[{c}]" if c in "*?[" else c for c in name)
 
 
 __all__ = [
     "ClipOptions",
     "Selection",
+    "FileStats",
+    "Plan",
+    "TensorWork",
+    "RewriteResult",
+    "file_statistics",
+    "make_plan",
+    "rewrite_file",
     "clip_file",
     "report_file",
     "file_info",

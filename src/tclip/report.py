@@ -10,7 +10,13 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
+
 SCHEMA_VERSION = 1
+# A slice whose L2 norm is at most this is counted as near zero (a dead row).
+NEAR_ZERO_NORM = 1e-12
+# How many of the largest slices a report names.
+WORST_SLICES = 5
 
 
 @dataclass
@@ -21,7 +27,8 @@ class TensorReport:
     order); with axes, ``max_slice_norm`` is the largest slice norm and
     ``slices_clipped`` counts the slices that were scaled. ``scale`` is the factor
     applied (the smallest one, per slice). ``changed`` counts elements that value
-    clipping changed. ``skipped`` says why a tensor was left as it is.
+    clipping changed. ``skipped`` says why a tensor was left as it is (in the
+    report, a tensor whose rank cannot take the axes is still measured whole).
     """
 
     name: str
@@ -41,6 +48,15 @@ class TensorReport:
     max_slice_norm: float | None = None
     max_slice_norm_after: float | None = None
     changed: int | None = None
+    min: float | None = None
+    max: float | None = None
+    mean: float | None = None
+    std: float | None = None
+    zeros: int | None = None
+    histogram: tuple[int, list[int]] | None = None
+    min_slice_norm: float | None = None
+    near_zero_slices: int | None = None
+    worst_slices: list[dict[str, Any]] | None = None
 
     @property
     def nonfinite(self) -> int:
@@ -49,6 +65,65 @@ class TensorReport:
     @property
     def numel(self) -> int:
         return math.prod(self.shape)
+
+    def to_json(self) -> dict[str, Any]:
+        item = asdict(self)
+        item["nonfinite"] = {"nan": self.nan, "inf": self.inf}
+        del item["nan"], item["inf"]
+        histogram = item.pop("histogram")
+        if histogram is not None:
+            item["log2_histogram"] = {"lowest": histogram[0], "counts": histogram[1]}
+        for key in ("min", "max", "mean", "std", "zeros", "min_slice_norm", "near_zero_slices", "worst_slices"):
+            if item[key] is None:
+                del item[key]
+        if self.zeros is not None and self.numel:
+            item["zero_fraction"] = self.zeros / self.numel
+        return item
+
+
+@dataclass
+class OtherReport:
+    """Something in a file that is not a tensor (an HDF5 string dataset, a dimension scale)."""
+
+    name: str
+    kind: str
+    reason: str
+    shape: list[int] | None = None
+    dtype: str = ""
+
+
+def slice_label(shape: list[int], axes: tuple[int, ...] | None) -> str:
+    """'row' for the slices of a 2-D tensor along axis 1, 'column' along axis 0, else 'slice'."""
+    if len(shape) == 2 and axes == (1,):
+        return "row"
+    if len(shape) == 2 and axes == (0,):
+        return "column"
+    return "slice"
+
+
+def slice_summary(entry: TensorReport, stats: Any, scale: np.ndarray | None) -> None:
+    """Smallest slice norm, near-zero slices and the largest (or clipped) slices by index."""
+    norms = np.asarray(stats.slice_norms(), dtype=np.float64)
+    axes = stats.axes
+    kept_shape = [n for i, n in enumerate(stats.shape) if i not in axes]
+    flat = norms.reshape(-1)
+    if not flat.size:
+        return
+    entry.min_slice_norm = float(np.nanmin(flat)) if not np.isnan(flat).all() else math.nan
+    entry.near_zero_slices = int(np.count_nonzero(flat <= NEAR_ZERO_NORM))
+    order_key = np.where(np.isnan(flat), np.inf, flat)
+    count = min(WORST_SLICES, flat.size)
+    top = np.argpartition(-order_key, count - 1)[:count] if flat.size > count else np.arange(flat.size)
+    top = top[np.argsort(-order_key[top], kind="stable")]
+    scales = None if scale is None or np.ndim(scale) == 0 else np.asarray(scale).reshape(-1)
+    worst = []
+    for i in top:
+        index = [int(v) for v in np.unravel_index(int(i), kept_shape)] if kept_shape else []
+        item: dict[str, Any] = {"index": index, "norm": float(flat[i])}
+        if scales is not None:
+            item["clipped"] = bool(scales[i] != 1.0)
+        worst.append(item)
+    entry.worst_slices = worst
 
 
 @dataclass
@@ -71,6 +146,10 @@ class FileReport:
     error: str | None = None
     warnings: list[str] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
+    others: list[OtherReport] = field(default_factory=list)
+    would_write: str | None = None  # dry run: the output a real run would write
+    members: list[dict[str, Any]] | None = None  # a tensor set: its files and their outputs
+    output_exists: bool | None = None
 
     @property
     def clipped_count(self) -> int:
@@ -86,12 +165,6 @@ class FileReport:
 
     def to_json(self) -> dict[str, Any]:
         """The JSON Lines object for this file (schema documented in README)."""
-        tensors = []
-        for t in self.tensors:
-            item = asdict(t)
-            item["nonfinite"] = {"nan": t.nan, "inf": t.inf}
-            del item["nan"], item["inf"]
-            tensors.append(item)
         data = {
             "schema": SCHEMA_VERSION,
             "file": self.file,
@@ -105,20 +178,26 @@ class FileReport:
             "global_norm_after": self.global_norm_after,
             "tensors_clipped": self.clipped_count,
             "tensors_skipped": self.skipped_count,
-            "tensors": tensors,
+            "tensors": [t.to_json() for t in self.tensors],
             "bytes_read": self.bytes_read,
             "bytes_written": self.bytes_written,
             "elapsed_s": round(self.elapsed_s, 6),
             "warnings": self.warnings,
             "error": self.error,
         }
+        if self.others:
+            data["not_tensors"] = [asdict(o) for o in self.others]
+        if self.members is not None:
+            data["files"] = self.members
         if self.metadata:
             data["metadata"] = self.metadata
+        if self.dry_run and self.would_write is not None:
+            data["would_write"] = {"output": self.would_write, "exists": self.output_exists}
         return json_safe(data)
 
 
 def json_safe(value: Any) -> Any:
-    """Replace non-finite floats by the strings "nan", "inf", "-inf", recursively."""
+    """Plain JSON values: non-finite floats as "nan"/"inf"/"-inf", bytes decoded, recursively."""
     if isinstance(value, float):
         if math.isnan(value):
             return "nan"
@@ -129,9 +208,19 @@ def json_safe(value: Any) -> Any:
         return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [json_safe(v) for v in value]
-    if hasattr(value, "item") and not isinstance(value, (str, bytes)):  # NumPy scalars
-        return json_safe(value.item())
-    return value
+    if isinstance(value, (bytes, bytearray)):
+        try:
+            return bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            return bytes(value).decode("latin-1")
+    if isinstance(value, (str, int, bool)) or value is None:
+        return value
+    if hasattr(value, "item") and not isinstance(value, str):  # NumPy scalars
+        try:
+            return json_safe(value.item())
+        except (TypeError, ValueError):
+            return str(value)
+    return str(value)
 
 
 @dataclass
@@ -141,6 +230,7 @@ class InfoTensor:
     dtype: str
     nbytes: int
     attrs: dict[str, Any] = field(default_factory=dict)
+    refused: str | None = None
 
 
 @dataclass
@@ -152,6 +242,7 @@ class InfoReport:
     size_bytes: int
     tensors: list[InfoTensor]
     metadata: dict[str, Any]
+    others: list[OtherReport] = field(default_factory=list)
 
     def params_by_dtype(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -160,13 +251,22 @@ class InfoReport:
         return counts
 
     def to_json(self) -> dict[str, Any]:
-        return json_safe({
+        tensors = []
+        for t in self.tensors:
+            item = asdict(t)
+            if item["refused"] is None:
+                del item["refused"]
+            tensors.append(item)
+        data: dict[str, Any] = {
             "schema": SCHEMA_VERSION,
             "file": self.file,
             "format": self.format,
             "size_bytes": self.size_bytes,
-            "tensors": [asdict(t) for t in self.tensors],
+            "tensors": tensors,
             "params": sum(math.prod(t.shape) for t in self.tensors),
             "params_by_dtype": self.params_by_dtype(),
             "metadata": self.metadata,
-        })
+        }
+        if self.others:
+            data["not_tensors"] = [asdict(o) for o in self.others]
+        return json_safe(data)

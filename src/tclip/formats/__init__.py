@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
+import stat
 import struct
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +46,7 @@ __all__ = [
 # use, so a run that never meets HDF5 never pays for importing h5py.
 FORMATS: dict[str, tuple[str, str, str]] = {
     "npy": ("npy", "NpyReader", "NpyWriter"),
-    "npz": ("npz", "NpzReader", "NpzWriter"),
+    "npz": ("npz", "NpzReader", "npz_writer_for"),
     "safetensors": ("safetensors", "SafetensorsReader", "SafetensorsWriter"),
     "hdf5": ("hdf5", "Hdf5Reader", "Hdf5Writer"),
 }
@@ -52,6 +55,12 @@ FORMATS: dict[str, tuple[str, str, str]] = {
 def _format_class(kind: str, role: int) -> Any:
     module = importlib.import_module(f"{__name__}.{FORMATS[kind][0]}")
     return getattr(module, FORMATS[kind][role])
+
+
+# What a damaged file makes parsers raise besides tclip's own errors.
+_MALFORMED = (ValueError, TypeError, KeyError, IndexError, OverflowError, struct.error, RecursionError,
+              UnicodeError, NotImplementedError, RuntimeError, EOFError, LookupError)
+
 SUFFIXES = {".npy": "npy", ".npz": "npz", ".safetensors": "safetensors", ".h5": "hdf5", ".hdf5": "hdf5"}
 
 
@@ -77,7 +86,15 @@ def detect_format(path: Path) -> str:
     """The format of a file by its first bytes, else by its suffix."""
     path = Path(path)
     try:
-        with open(path, "rb") as handle:
+        # O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused below.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise IsADirectoryError
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise TclipError("not a regular file (a FIFO, device or socket is never read)", path)
+        with os.fdopen(fd, "rb") as handle:
             head = handle.read(16)
             size = path.stat().st_size
             found = _sniff(head, size)
@@ -116,6 +133,9 @@ def open_reader(path: Path | str) -> TensorReader:
         raise FormatError("a size in the header is impossibly large", path) from None
     except OSError as error:
         raise TclipError(f"cannot read ({error.strerror or error})", path) from None
+    except _MALFORMED as error:
+        text = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
+        raise FormatError(f"malformed {kind} file ({text})", path) from None
 
 
 def create_writer(
@@ -125,12 +145,15 @@ def create_writer(
     tensors: list[TensorInfo] | None = None,
     overwrite: bool = False,
     metadata: dict[str, Any] | None = None,
+    rewritten: Collection[str] | None = None,
 ) -> TensorWriter:
     """A writer for ``target`` (format by suffix) holding ``like``'s tensors and metadata.
 
     Nothing appears at ``target`` until :meth:`TensorWriter.commit`; an existing
     target is refused unless ``overwrite``. The source file's permissions carry
-    over when it is rewritten in place.
+    over. ``rewritten`` names the tensors that will be written anew (the others
+    are copied): a writer of the source's own format then starts from a copy of
+    the source without them and writes them in place.
     """
     target = Path(target)
     # A target without a known suffix (an input recognised by its content,
@@ -146,8 +169,8 @@ def create_writer(
             carry = metadata
             if carry is None and like.format_name != kind:
                 carry = _portable_metadata(like.metadata) if like.metadata else None
-            return _format_class(kind, 2)(target, tensors, output, like=like, metadata=carry)
-        return _format_class(kind, 2)(target, tensors, output, like=like)
+            return _format_class(kind, 2)(target, tensors, output, like=like, metadata=carry, rewritten=rewritten)
+        return _format_class(kind, 2)(target, tensors, output, like=like, rewritten=rewritten)
     except TclipError as error:
         output.abort()
         if error.path is None:

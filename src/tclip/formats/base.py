@@ -1,12 +1,19 @@
 """The one reader/writer protocol every format implements, and the parts they share.
 
 A :class:`TensorReader` opens a file lazily: names, shapes, dtypes and metadata
-come from the header alone, and data is read in rectangular blocks (a tuple of
-slices, the same ``index`` that :mod:`tclip.stats` takes). A
-:class:`TensorWriter` is created "like" a reader (same tensors, layout and
-metadata), receives every tensor in the blocks it asks for via
-:meth:`TensorWriter.blocks`, in order, and only appears at its target path when
-:meth:`TensorWriter.commit` has flushed, fsynced and renamed it.
+come from the header alone. Data is read either as rectangular blocks (a tuple
+of slices, the same ``index`` that :mod:`tclip.stats` takes) or as flat runs of
+elements in storage order (:meth:`TensorReader.read_flat`), which is what the
+pipeline uses: its blocks are runs of whole units (:mod:`tclip.units`).
+
+A :class:`TensorWriter` is created "like" a reader (same tensors, layout and
+metadata). It takes flat runs (:meth:`TensorWriter.write_flat`) or the
+rectangular blocks it asks for (:meth:`TensorWriter.blocks`), and only appears
+at its target path when :meth:`TensorWriter.commit` has flushed, fsynced and
+renamed it. Writers whose data sits at known offsets (``.npy``, safetensors,
+stored ``.npz`` members rewritten in place, contiguous HDF5 datasets) write
+with ``pwrite`` and accept runs in any order from any thread
+(:meth:`TensorWriter.parallel_safe`); the others take them in order.
 """
 
 from __future__ import annotations
@@ -15,10 +22,14 @@ import errno
 import itertools
 import math
 import os
+import re
 import secrets
+import socket
 import sys
+import threading
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -29,9 +40,8 @@ from ..errors import FormatError, OutputExistsError, TclipError
 
 Index = tuple[slice, ...]
 
-# Upper bound of one block read or written. The scale step holds a float64 copy
-# of a block (twice a float32 block) plus the result, so peak memory is a small
-# multiple of this whatever the file size.
+# Upper bound of one block read or written by the format-level helpers (copies,
+# conversions); the pipeline sizes its own blocks from --memory.
 DEFAULT_BLOCK_BYTES = 8 << 20
 
 
@@ -66,16 +76,37 @@ class TensorInfo:
     def nbytes(self) -> int:
         return self.size * self.dtype.itemsize
 
+    @property
+    def storage_shape(self) -> tuple[int, ...]:
+        """The shape in the order the elements are stored (reversed for Fortran order)."""
+        return tuple(self.shape[::-1]) if self.fortran_order else tuple(self.shape)
+
+
+@dataclass(frozen=True)
+class OtherObject:
+    """Something in a file that is not a tensor tclip reads (an HDF5 string dataset,
+    a dimension scale, ...): listed in reports, carried unchanged where the format allows."""
+
+    name: str
+    kind: str          # e.g. "string dataset", "dimension scale"
+    reason: str        # why it is not a tensor, for people
+    shape: tuple[int, ...] | None = None
+    dtype: str = ""
+    numeric: bool = False  # plain numbers another format could hold (a dimension scale)
+
 
 def checked_size(shape: tuple[int, ...], itemsize: int, path: object, name: str) -> int:
     """Byte size of a tensor, refusing negative or absurd dimensions before allocating."""
     for n in shape:
         if not isinstance(n, int) or isinstance(n, bool) or n < 0:
             raise FormatError(f"tensor {name!r}: invalid shape {list(shape)}", path)
-    nbytes = math.prod(shape) * itemsize
-    if nbytes > 1 << 62:
+    if len(shape) > 64:
+        raise FormatError(f"tensor {name!r}: {len(shape)} dimensions (at most 64 are supported)", path)
+    if 0 in shape:
+        return 0
+    if any(n > 1 << 62 for n in shape) or math.prod(shape) * max(itemsize, 1) > 1 << 62:
         raise FormatError(f"tensor {name!r}: shape {list(shape)} is impossibly large", path)
-    return nbytes
+    return math.prod(shape) * itemsize
 
 
 # --------------------------------------------------------------------------- blocks
@@ -142,6 +173,122 @@ def contiguous_span(index: Index, shape: tuple[int, ...], fortran: bool) -> tupl
     return first, math.prod(extents)
 
 
+def flat_rectangles(shape: tuple[int, ...], start: int, stop: int) -> list[Index]:
+    """The fewest rectangles that cover the C-order run ``[start, stop)`` of ``shape``, in order."""
+    if start >= stop:
+        return []
+    if not shape:
+        return [()]
+    inner = math.prod(shape[1:])
+    first, head = divmod(start, inner)
+    last, tail = divmod(stop, inner)
+    rest = shape[1:]
+    if first == last:
+        return [(slice(first, first + 1), *r) for r in flat_rectangles(rest, head, tail)]
+    out: list[Index] = []
+    if head:
+        out += [(slice(first, first + 1), *r) for r in flat_rectangles(rest, head, inner)]
+        first += 1
+    if last > first:
+        out.append((slice(first, last), *(slice(0, n) for n in rest)))
+    if tail:
+        out += [(slice(last, last + 1), *r) for r in flat_rectangles(rest, 0, tail)]
+    return out
+
+
+# --------------------------------------------------------------------------- raw byte regions
+
+
+def pread_into(fd: int, buffer: memoryview, offset: int, path: object, name: str) -> None:
+    """Fill ``buffer`` from ``fd`` at ``offset`` (thread-safe); a short file is an error."""
+    done = 0
+    while done < len(buffer):
+        got = os.preadv(fd, [buffer[done:]], offset + done)
+        if got <= 0:
+            raise FormatError(f"tensor {name!r}: file is truncated", path)
+        done += got
+
+
+def pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    """Write all of ``data`` at ``offset`` (thread-safe), and start writing it to the disk."""
+    done = 0
+    while done < len(data):
+        done += os.pwrite(fd, data[done:], offset + done)
+    start_writeback(fd, offset, len(data))
+
+
+_SYNC_FILE_RANGE: Any = None
+
+
+def start_writeback(fd: int, offset: int, length: int) -> None:
+    """Ask the kernel to start writing a range to the disk now, without waiting.
+
+    The final fsync then finds most of the file already written: measured on
+    the development machine, a 1 GiB durable write took 0.30 s this way
+    against 0.39 s for write-then-fsync (and 0.5-0.6 s for ``dd conv=fsync``).
+    Linux's ``sync_file_range`` has no binding in the ``os`` module, hence ctypes;
+    elsewhere this does nothing.
+    """
+    global _SYNC_FILE_RANGE
+    if _SYNC_FILE_RANGE is None:
+        _SYNC_FILE_RANGE = False
+        if sys.platform.startswith("linux"):
+            try:
+                import ctypes
+
+                function = ctypes.CDLL(None, use_errno=True).sync_file_range
+                function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+                _SYNC_FILE_RANGE = function
+            except (ImportError, OSError, AttributeError):
+                pass
+    if _SYNC_FILE_RANGE:
+        _SYNC_FILE_RANGE(fd, offset, length, 2)  # SYNC_FILE_RANGE_WRITE: start, do not wait
+
+
+def as_bytes(array: np.ndarray) -> memoryview:
+    """A byte view of a contiguous array (memoryview cannot describe ml_dtypes' types)."""
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
+
+
+def copy_range(source_fd: int, source_offset: int, count: int, target_fd: int, target_offset: int,
+               path: object) -> None:
+    """Copy ``count`` bytes between two files at explicit offsets, in the kernel where it
+    can (``copy_file_range``, what ``cp`` uses), else through a buffer. Thread-safe."""
+    while count:
+        try:
+            done = os.copy_file_range(source_fd, target_fd, count, source_offset, target_offset)
+        except (AttributeError, OSError):
+            done = -1
+        if done <= 0:
+            chunk = os.pread(source_fd, min(count, DEFAULT_BLOCK_BYTES), source_offset)
+            if not chunk:
+                raise FormatError("file is truncated", path)
+            done = os.pwrite(target_fd, chunk, target_offset)
+        source_offset += done
+        target_offset += done
+        count -= done
+
+
+def copy_except(source_fd: int, target_fd: int, size: int, holes: Collection[tuple[int, int]],
+                path: object) -> None:
+    """Copy bytes ``[0, size)`` of a file except the ``(offset, length)`` holes, at the same offsets."""
+    position = 0
+    for offset, length in sorted(holes):
+        if offset > position:
+            copy_range(source_fd, position, offset - position, target_fd, position, path)
+        position = max(position, offset + length)
+    if size > position:
+        copy_range(source_fd, position, size - position, target_fd, position, path)
+
+
+def write_all(handle: BinaryIO, data: np.ndarray, fortran: bool = False) -> None:
+    """Write an array's bytes in storage order without an extra copy where possible."""
+    array = np.asarray(data)
+    if fortran:
+        array = array.T
+    handle.write(as_bytes(array))
+
+
 # --------------------------------------------------------------------------- protocol
 
 
@@ -154,6 +301,7 @@ class TensorReader(ABC):
         self.path = Path(path)
         self.tensors: dict[str, TensorInfo] = {}
         self.metadata: dict[str, Any] = {}
+        self.others: list[OtherObject] = []  # what is not a tensor (HDF5 strings, scales...)
 
     def __enter__(self) -> "TensorReader":
         return self
@@ -176,9 +324,7 @@ class TensorReader(ABC):
         """Read one rectangular block (None: the whole tensor).
 
         With ``scratch``, a reader may read into that buffer and return a view of
-        it, valid until the buffer is used again: reusing one buffer spares the
-        page faults of a fresh multi-MiB allocation per block. Without it the
-        result is a new array.
+        it, valid until the buffer is used again. Without it the result is a new array.
         """
 
     def pieces(self, name: str, max_bytes: int = DEFAULT_BLOCK_BYTES,
@@ -186,6 +332,49 @@ class TensorReader(ABC):
         """(index, block) over the tensor; with ``scratch`` each block is only valid until the next."""
         for index in self.blocks(name, max_bytes):
             yield index, self.read(name, index, scratch)
+
+    def region(self, name: str) -> tuple[int, int] | None:
+        """(file descriptor, offset) of the tensor's raw bytes when they are one contiguous
+        run of the file in storage order, else None. Reading a region is thread-safe."""
+        return None
+
+    def parallel_safe(self, name: str) -> bool:
+        """Whether :meth:`read_flat` of this tensor may run on several threads at once."""
+        return self.region(name) is not None
+
+    def align(self, name: str) -> int:
+        """Blocks should end on multiples of this many elements (0: anywhere), e.g. HDF5 chunk rows."""
+        return 0
+
+    def read_flat(self, name: str, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Elements ``[start, stop)`` in storage order, as a 1-D array of the tensor's dtype.
+
+        With ``out`` (a 1-D uint8 array of at least the byte size) the result is a view of it.
+        """
+        info = self.tensors[name]
+        if info.refused:
+            raise TclipError(f"tensor {name!r}: {info.refused}", self.path)
+        count = stop - start
+        if out is not None and out.size >= count * info.dtype.itemsize:
+            result = out[: count * info.dtype.itemsize].view(info.dtype)
+        else:
+            result = np.empty(count, info.dtype)
+        region = self.region(name)
+        if region is not None:
+            fd, offset = region
+            pread_into(fd, result.view(np.uint8).data, offset + start * info.dtype.itemsize, self.path, name)
+            return result
+        position = 0
+        storage = info.storage_shape
+        for rect in flat_rectangles(storage, start, stop):
+            logical = rect[::-1] if info.fortran_order else rect
+            block = self.read(name, logical)
+            if info.fortran_order:
+                block = block.T
+            n = block.size
+            result[position : position + n] = block.reshape(-1)
+            position += n
+        return result
 
 
 class TensorWriter(ABC):
@@ -205,6 +394,28 @@ class TensorWriter(ABC):
     @abstractmethod
     def write(self, name: str, index: Index, data: np.ndarray) -> None:
         """Write one block; blocks arrive in the order :meth:`blocks` gave."""
+
+    def parallel_safe(self, name: str) -> bool:
+        """Whether :meth:`write_flat` of this tensor takes runs in any order, from any thread."""
+        return False
+
+    def write_flat(self, name: str, start: int, data: np.ndarray) -> None:
+        """Write elements ``[start, start + data.size)`` in storage order.
+
+        Unless :meth:`parallel_safe`, runs must come in order, one at a time.
+        """
+        info = self.tensors[name]
+        storage = info.storage_shape
+        position = 0
+        for rect in flat_rectangles(storage, start, start + data.size):
+            extent = tuple(s.stop - s.start for s in rect)
+            n = math.prod(extent)
+            block = data[position : position + n].reshape(extent)
+            position += n
+            if info.fortran_order:
+                self.write(name, rect[::-1], block.T)
+            else:
+                self.write(name, rect, block)
 
     def copy_tensor(self, reader: TensorReader, name: str, max_bytes: int = DEFAULT_BLOCK_BYTES) -> None:
         """Copy a tensor unchanged; formats override this for byte-exact copies."""
@@ -242,87 +453,86 @@ class TensorWriter(ABC):
             self.abort()
 
 
-# --------------------------------------------------------------------------- raw byte regions
+class PositionalWriter(TensorWriter):
+    """A writer whose tensors sit at byte offsets known up front (.npy, safetensors).
 
-
-class RegionSource:
-    """Reads blocks of a tensor stored as one contiguous byte region of a file.
-
-    Contiguous blocks are read with one ``os.pread`` into a fresh buffer (no
-    mapping, so the resident memory stays the block size); other blocks go
-    through a read-only ``np.memmap`` of the region.
+    The temporary file is sized at once; runs are written with ``pwrite`` at
+    their offsets in any order, from any thread; untouched tensors are copied
+    in the kernel. A tensor is complete when every one of its bytes was written.
     """
 
-    def __init__(self, fd: int, path: Path) -> None:
-        self.fd = fd
-        self.path = path
+    def __init__(self, target: Path, tensors: list[TensorInfo], output: "AtomicOutput") -> None:
+        super().__init__(target, tensors, output)
+        self.offsets: dict[str, int] = {}
+        self._written: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._fd = -1
 
-    def read(self, offset: int, info: TensorInfo, index: Index | None,
-             scratch: bytearray | None = None) -> np.ndarray:
+    def _open(self, header: bytes, total: int) -> None:
+        self._fd = os.open(self.output.temp, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+        pwrite_all(self._fd, memoryview(header), 0)
+        os.ftruncate(self._fd, total)
+
+    def parallel_safe(self, name: str) -> bool:
+        return True
+
+    def _stored_dtype(self, name: str) -> np.dtype:
+        return self.tensors[name].dtype
+
+    def write_flat(self, name: str, start: int, data: np.ndarray) -> None:
+        dtype = self._stored_dtype(name)
+        array = np.asarray(data)
+        if array.dtype != dtype:
+            array = array.astype(dtype)
+        pwrite_all(self._fd, as_bytes(array), self.offsets[name] + start * dtype.itemsize)
+        with self._lock:
+            self._written[name] = self._written.get(name, 0) + array.size
+
+    def write(self, name: str, index: Index, data: np.ndarray) -> None:
+        info = self.tensors[name]
         index = normalize_index(index, info.shape)
-        shape = tuple(s.stop - s.start for s in index)
-        span = contiguous_span(index, info.shape, info.fortran_order) if shape else (0, 1)
-        if span is not None:
-            first, count = span
-            nbytes = count * info.dtype.itemsize
-            if scratch is not None and len(scratch) >= nbytes:
-                buffer = memoryview(scratch)[:nbytes]
-            else:
-                buffer = memoryview(np.empty(nbytes, np.uint8))  # no zero-fill, unlike bytearray
-            got = os.preadv(self.fd, [buffer], offset + first * info.dtype.itemsize) if nbytes else 0
-            if got != nbytes:
-                raise FormatError(f"tensor {info.name!r}: file is truncated", self.path)
-            flat = np.frombuffer(buffer, dtype=info.dtype, count=count)
-            return flat.reshape(shape, order="F" if info.fortran_order else "C")
-        mapped = np.memmap(self.path, dtype=info.dtype, mode="r", offset=offset, shape=info.shape,
-                           order="F" if info.fortran_order else "C")
-        try:
-            return np.array(mapped[index], order="F" if info.fortran_order else "C")
-        finally:
-            del mapped
+        span = contiguous_span(index, info.shape, info.fortran_order) if info.shape else (0, 1)
+        if span is None:
+            raise TclipError(f"internal error: block {index} of {name!r} is not contiguous")
+        array = np.asarray(data)
+        self.write_flat(name, span[0], (array.T if info.fortran_order else array).reshape(-1))
 
+    def copy_region(self, name: str, source_fd: int, source_offset: int, path: object) -> None:
+        info = self.tensors[name]
+        copy_range(source_fd, source_offset, info.nbytes, self._fd, self.offsets[name], path)
+        with self._lock:
+            self._written[name] = self._written.get(name, 0) + info.size
 
-def write_all(handle: BinaryIO, data: np.ndarray, fortran: bool = False) -> None:
-    """Write an array's bytes in storage order without an extra copy where possible."""
-    array = np.asarray(data)
-    if fortran:
-        array = array.T
-    # A byte view: memoryview cannot describe ml_dtypes' bfloat16/float8.
-    handle.write(np.ascontiguousarray(array).reshape(-1).view(np.uint8).data)
+    def copy_tensor(self, reader: TensorReader, name: str, max_bytes: int = DEFAULT_BLOCK_BYTES) -> None:
+        region = reader.region(name)
+        source = reader.tensors[name]
+        info = self.tensors[name]
+        if region is not None and source.dtype == self._stored_dtype(name) \
+                and source.fortran_order == info.fortran_order and source.shape == info.shape:
+            self.copy_region(name, region[0], region[1], reader.path)
+            return
+        size = info.size
+        step = max(1, max_bytes // max(1, info.dtype.itemsize))
+        for start in range(0, size, step):
+            self.write_flat(name, start, reader.read_flat(name, start, min(size, start + step)))
 
+    def _check_complete(self) -> None:
+        for name, info in self.tensors.items():
+            if self._written.get(name, 0) != info.size:
+                raise FormatError(f"internal error: tensor {name!r} incomplete", self.target)
 
-def copy_bytes(source_fd: int, offset: int, count: int, target: BinaryIO, path: object) -> None:
-    """Append ``count`` bytes of a file from ``offset`` to ``target``, in the kernel
-    where it can (``copy_file_range``, what ``cp`` uses), else through a buffer."""
-    target.flush()
-    target_fd = target.fileno()
-    while count:
-        try:
-            done = os.copy_file_range(source_fd, target_fd, count, offset)
-        except (AttributeError, OSError):
-            done = -1
-        if done <= 0:
-            chunk = os.pread(source_fd, min(count, DEFAULT_BLOCK_BYTES), offset)
-            if not chunk:
-                raise FormatError("file is truncated", path)
-            done = os.write(target_fd, chunk)
-        offset += done
-        count -= done
+    def _finish(self) -> None:
+        self._check_complete()
+        fd, self._fd = self._fd, -1
+        os.close(fd)
 
-
-class SequentialBlocks:
-    """Checks that blocks arrive exactly in the order a sequential writer needs."""
-
-    def __init__(self) -> None:
-        self.expected: dict[str, int] = {}  # tensor name -> next element expected
-
-    def check(self, info: TensorInfo, index: Index) -> None:
-        index = normalize_index(index, info.shape)
-        span = contiguous_span(index, info.shape, info.fortran_order)
-        position = self.expected.get(info.name, 0)
-        if span is None or span[0] != position:
-            raise TclipError(f"internal error: block {index} of {info.name!r} is out of order")
-        self.expected[info.name] = position + span[1]
+    def _close_quietly(self) -> None:
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
 
 # --------------------------------------------------------------------------- atomic output
@@ -377,34 +587,96 @@ def _renameat2_noreplace(source: Path, target: Path) -> bool | None:
     raise OSError(code, os.strerror(code), str(target))
 
 
+TEMP_SUFFIX = ".tclip-tmp"
+_HOST = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:40] or "host"
+# .NAME.HOST.PID.TOKEN.tclip-tmp
+_TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.(?P<host>[A-Za-z0-9-]+)\.(?P<pid>\d+)\.[0-9a-f]{8}\.tclip-tmp$")
+
+# Temporary files of this process that exist right now: a signal handler
+# removes them before the process ends (see tclip.cli).
+LIVE_TEMPS: set[str] = set()
+
+
+def remove_stale_temps(folder: Path) -> list[Path]:
+    """Remove temporary files that earlier tclip runs on this host left in ``folder``
+    (killed with SIGKILL, or a power loss): those whose process no longer exists."""
+    removed = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        match = _TEMP_NAME.match(entry.name)
+        if not match or match["host"] != _HOST:
+            continue
+        pid = int(match["pid"])
+        if pid == os.getpid() or _process_exists(pid):
+            continue
+        try:
+            os.unlink(entry.path)
+            removed.append(Path(entry.path))
+        except OSError:
+            pass
+    return removed
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
 class AtomicOutput:
     """A temporary file beside ``target`` that replaces it only on :meth:`commit`.
 
-    The temporary name starts with a dot and ends in ``.tclip-tmp`` so a crash
-    leaves something recognisable; every error path removes it.
+    The temporary file is named ``.NAME.HOST.PID.TOKEN.tclip-tmp`` and created
+    at once with the output's final permissions (never wider: a private input
+    stays private while it is being written); every error path removes it, a
+    signal handler removes it on SIGINT/SIGTERM/SIGHUP, and one left by a
+    killed run is removed by the next run that writes to the same folder.
     """
 
     def __init__(self, target: Path, *, overwrite: bool = False, mode_from: Path | None = None) -> None:
         self.target = Path(target)
-        if self.target.exists() and not overwrite:
+        if not overwrite and os.path.lexists(self.target):
             raise OutputExistsError("output already exists; pass --force to replace it", self.target)
         if not self.target.parent.is_dir():
             raise TclipError("output directory does not exist", self.target.parent)
-        self.mode_from = mode_from
+        remove_stale_temps(self.target.parent)
+        self.mode = 0o644 & ~_umask()
+        if mode_from is not None:
+            try:
+                # setuid/setgid/sticky bits are dropped: an output is data, never a program.
+                self.mode = os.stat(mode_from).st_mode & 0o777
+            except OSError:
+                pass
         token = secrets.token_hex(4)
-        self.temp = self.target.parent / f".{self.target.name}.{token}.tclip-tmp"
+        self.temp = self.target.parent / f".{self.target.name}.{_HOST}.{os.getpid()}.{token}{TEMP_SUFFIX}"
         self.overwrite = overwrite
         self._done = False
+        try:
+            fd = os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
+        except OSError as error:
+            raise TclipError(f"cannot write to this folder ({error.strerror or error})", self.target.parent) \
+                from None
+        LIVE_TEMPS.add(str(self.temp))
+        try:
+            os.fchmod(fd, self.mode)
+        finally:
+            os.close(fd)
 
     def commit(self) -> None:
         try:
             fd = os.open(self.temp, os.O_RDONLY)
             try:
                 os.fsync(fd)
+                os.fchmod(fd, self.mode)  # libraries that recreate the file (h5py) may have changed it
             finally:
                 os.close(fd)
-            if self.mode_from is not None and self.mode_from.exists():
-                os.chmod(self.temp, self.mode_from.stat().st_mode & 0o7777)
             if self.overwrite:
                 os.replace(self.temp, self.target)
             elif not _rename_noreplace(self.temp, self.target):
@@ -412,6 +684,7 @@ class AtomicOutput:
                 raise OutputExistsError("output already exists (it appeared while writing); "
                                         "pass --force to replace it", self.target)
             self._done = True
+            LIVE_TEMPS.discard(str(self.temp))
             dir_fd = os.open(self.target.parent, os.O_RDONLY)
             try:
                 os.fsync(dir_fd)
@@ -428,3 +701,21 @@ class AtomicOutput:
             except FileNotFoundError:
                 pass
             self._done = True
+            LIVE_TEMPS.discard(str(self.temp))
+
+
+_UMASK_LOCK = threading.Lock()
+
+
+def _umask() -> int:
+    with _UMASK_LOCK:  # reading the umask means setting it
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return mask
+
+
+def older_than(path: Path, seconds: float) -> bool:
+    try:
+        return time.time() - os.stat(path).st_mtime > seconds
+    except OSError:
+        return False

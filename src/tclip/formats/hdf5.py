@@ -1,17 +1,33 @@
 """HDF5 files through h5py: every numeric dataset is a tensor named by its path.
 
-A rewrite starts from a byte copy of the source and overwrites the rewritten
-tensors' data in place, so everything else is exactly as it was: the group
-tree, attributes (object references and dimension scales included), links,
-creation order, chunking, compression filters, fill values and every dataset
-tclip does not change (strings, compound data, dimension scales, untouched
-tensors).
+What is not a tensor is listed in ``others`` with the reason (string,
+compound, enum and reference datasets, dimension scales, types NumPy cannot
+hold), never read as numbers and carried unchanged by an HDF5 rewrite.
+
+A rewrite starts from a byte copy of the source (minus the data about to be
+replaced) and writes the rewritten tensors' data in place, so everything else
+is exactly as it was: the group tree, attributes (object references and
+dimension scales included), links, creation order, chunking, compression
+filters, fill values and every dataset tclip does not change. Contiguous
+datasets are read and written as raw byte regions (``pread``/``pwrite``, any
+thread); chunked ones through h5py, one thread at a time.
+
+Untrusted files (see README, Security): external links are not followed, and
+datasets whose data lives in other files (external storage, virtual
+datasets) are never read nor written. The structure is first walked in a
+child process (:mod:`tclip.formats.h5probe`), so that a file malformed enough
+to crash the HDF5 library ends one child, not tclip. A dataset that claims
+far more data than the file stores (a decompression bomb, or a huge dataset of
+fill values) is refused before anything is read.
 """
 
 from __future__ import annotations
 
+import math
+import os
 import posixpath
-import shutil
+import threading
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -23,24 +39,26 @@ from ..errors import FormatError, UnsupportedError
 from .base import (
     AtomicOutput,
     Index,
+    OtherObject,
     TensorInfo,
     TensorReader,
     TensorWriter,
+    copy_except,
+    copy_range,
     layout_blocks,
+    pwrite_all,
 )
 
-_H5_ERRORS = (OSError, ValueError, RuntimeError, KeyError, TypeError)
+_H5_ERRORS = (OSError, ValueError, RuntimeError, KeyError, TypeError, AttributeError, IndexError, OverflowError,
+              SystemError)
 
-
-def _is_numeric(dataset: h5py.Dataset) -> bool:
-    dtype = dataset.dtype
-    if dataset.shape is None or h5py.check_enum_dtype(dtype) is not None:
-        return False
-    if h5py.h5ds.is_scale(dataset.id):  # coordinates of another dataset's axis, not a tensor
-        return False
-    if h5py.check_vlen_dtype(dtype) is not None or h5py.check_string_dtype(dtype) is not None:
-        return False
-    return dtype.kind in "biufc" and dtype.fields is None
+# A dataset may hold at most this much more data than the file stores for it
+# (compression of a constant, or chunks never written, read as the fill value).
+BOMB_FLOOR_BYTES = 4 << 30
+BOMB_RATIO = 4096
+# Attributes larger than this are described, not read (a crafted attribute can
+# claim a dataspace of 2**60 elements).
+ATTRIBUTE_LIMIT_BYTES = 1 << 20
 
 
 def foreign_storage(dataset: h5py.Dataset) -> str | None:
@@ -62,41 +80,153 @@ def foreign_storage(dataset: h5py.Dataset) -> str | None:
     return None
 
 
+def classify(dataset: h5py.Dataset) -> tuple[str, str, bool] | None:
+    """(kind, reason, numeric) for a dataset that is not a tensor tclip reads; None for a tensor."""
+    try:
+        dtype = dataset.dtype
+    except _H5_ERRORS:
+        type_class = dataset.id.get_type().get_class()
+        names = {h5py.h5t.TIME: "an HDF5 time type", h5py.h5t.BITFIELD: "a bitfield type",
+                 h5py.h5t.OPAQUE: "an opaque type"}
+        return "unsupported type", f"{names.get(type_class, 'a type NumPy cannot hold')} is not supported", False
+    if dataset.shape is None:
+        return "empty dataset", "holds no data (null dataspace)", False
+    if h5py.h5ds.is_scale(dataset.id):
+        return "dimension scale", "coordinates of another dataset's axis, not a tensor", dtype.kind in "biuf"
+    if h5py.check_enum_dtype(dtype) is not None:
+        return "enum dataset", "enumerated values, not numbers", False
+    if h5py.check_ref_dtype(dtype) is not None:
+        return "reference dataset", "object or region references, not numbers", False
+    if h5py.check_vlen_dtype(dtype) is not None or h5py.check_string_dtype(dtype) is not None \
+            or dtype.kind in "SUO":
+        return "string dataset", "strings, not numbers", False
+    if dtype.fields is not None:
+        return "compound dataset", "compound records, not numbers", False
+    if dtype.kind not in "biufc":
+        return "unsupported type", f"{dtype} is not a numeric type", False
+    if dtype.kind in "fc" and dtype.itemsize > (16 if dtype.kind == "c" else 8):
+        return "unsupported type", f"{dtype.itemsize * 8}-bit floats (quad precision) are not supported", False
+    if dtype.kind == "f" and dataset.id.get_type().get_size() != dtype.itemsize:
+        return "unsupported type", "a non-standard floating-point layout is not supported", False
+    return None
+
+
+def plain_value(value: Any, file: h5py.File | None = None) -> Any:
+    """An attribute value as plain data for reports and JSON: str, int, float, bool,
+    None, lists and dicts. Byte strings are decoded (UTF-8, else Latin-1),
+    references become the path they point to, empty attributes None."""
+    if isinstance(value, h5py.Empty):
+        return None
+    if isinstance(value, (bytes, np.bytes_)):
+        raw = bytes(value)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return raw.decode("latin-1")
+    if isinstance(value, h5py.RegionReference):
+        return f"<region reference to {_deref(value, file)}>"
+    if isinstance(value, h5py.Reference):
+        return f"<reference to {_deref(value, file)}>"
+    if isinstance(value, np.void):
+        if value.dtype.fields:
+            return {key: plain_value(value[key], file) for key in value.dtype.names}
+        return bytes(value).hex()
+    if isinstance(value, np.ndarray):
+        if value.dtype.fields:
+            return [plain_value(v, file) for v in value.reshape(-1)]
+        if value.dtype.kind in "OSUV":
+            return _nested([plain_value(v, file) for v in value.reshape(-1)], value.shape)
+        if value.dtype.kind == "c":
+            return _nested([str(v) for v in value.reshape(-1).tolist()], value.shape)
+        return value.tolist()
+    if isinstance(value, np.generic):
+        item = value.item()
+        return str(item) if isinstance(item, complex) else item
+    if isinstance(value, complex):
+        return str(value)
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)
+
+
+def _nested(flat: list[Any], shape: tuple[int, ...]) -> Any:
+    if not shape:
+        return flat[0] if flat else None
+    if len(shape) == 1:
+        return flat
+    step = math.prod(shape[1:])
+    return [_nested(flat[i * step:(i + 1) * step], shape[1:]) for i in range(shape[0])]
+
+
+def _deref(reference: Any, file: h5py.File | None) -> str:
+    if not reference or file is None:
+        return "nothing"
+    try:
+        return str(h5py.h5r.get_name(reference, file.id).decode("utf-8", "replace"))
+    except _H5_ERRORS:
+        return "an unreadable object"
+
+
 def attributes(obj: h5py.HLObject) -> dict[str, Any]:
     """An object's attributes as plain values (for reports), in the file's order."""
     out: dict[str, Any] = {}
-    for key in obj.attrs:
-        try:
-            value = obj.attrs[key]
-        except _H5_ERRORS:
-            value = "<unreadable>"
-        if isinstance(value, bytes):
-            value = value.decode("utf-8", "replace")
-        elif isinstance(value, np.ndarray):
-            value = value.tolist()
-        elif isinstance(value, np.generic):
-            value = value.item()
-        out[key] = value
+    try:
+        names = list(obj.attrs)
+    except _H5_ERRORS:
+        return {"<attributes>": "<unreadable>"}
+    for key in names:
+        out[key] = _attribute(obj, key)
     return out
+
+
+def _attribute(obj: h5py.HLObject, key: str) -> Any:
+    try:
+        attr = h5py.h5a.open(obj.id, key.encode("utf-8"))
+        shape, dtype = attr.shape, attr.dtype
+        if shape is not None and math.prod(shape) * max(dtype.itemsize, 1) > ATTRIBUTE_LIMIT_BYTES:
+            return f"<{'x'.join(map(str, shape))} attribute of {dtype}, not shown>"
+        return plain_value(obj.attrs[key], obj.file)
+    except _H5_ERRORS:
+        return "<unreadable>"
+
+
+def _standard_type(dataset: h5py.Dataset) -> bool:
+    """The stored type is the IEEE/two's complement layout of the dataset's NumPy dtype."""
+    try:
+        return bool(dataset.id.get_type().equal(h5py.h5t.py_create(dataset.dtype)))
+    except _H5_ERRORS:
+        return False
 
 
 class Hdf5Reader(TensorReader):
     format_name = "hdf5"
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, probe: bool = True) -> None:
         super().__init__(path)
+        if probe:
+            from .h5probe import check_in_child
+
+            check_in_child(self.path)
         try:
             self.file = h5py.File(path, "r")
         except _H5_ERRORS as error:
             raise FormatError(f"not a valid HDF5 file ({_first_line(error)})", path) from None
+        self._lock = threading.RLock()
+        self._raw_fd = -1
+        self._regions: dict[str, int] = {}
+        self._align: dict[str, int] = {}
+        self.contiguous_raw: dict[str, tuple[int, int]] = {}  # name -> (offset, nbytes) of raw data
         try:
             self.metadata = attributes(self.file)
             self._walk(self.file, set())
-        except FormatError:
-            self.file.close()
+        except (FormatError, UnsupportedError):
+            self.close()
             raise
+        except RecursionError:
+            self.close()
+            raise FormatError("cannot read the file's structure (groups nested too deeply)", path) from None
         except _H5_ERRORS as error:
-            self.file.close()
+            self.close()
             raise FormatError(f"cannot read the file's structure ({_first_line(error)})", path) from None
 
     def _walk(self, group: h5py.Group, seen: set[Any]) -> None:
@@ -111,61 +241,148 @@ class Hdf5Reader(TensorReader):
             seen.add(obj.id)
             if isinstance(obj, h5py.Group):
                 self._walk(obj, seen)
-            elif isinstance(obj, h5py.Dataset) and _is_numeric(obj):
-                name = obj.name.lstrip("/")
-                self.tensors[name] = TensorInfo(name, tuple(obj.shape), obj.dtype, attrs=attributes(obj),
-                                                refused=foreign_storage(obj))
+            elif isinstance(obj, h5py.Dataset):
+                self._add_dataset(obj)
+
+    def _add_dataset(self, dataset: h5py.Dataset) -> None:
+        name = dataset.name.lstrip("/")
+        other = classify(dataset)
+        if other is not None:
+            kind, reason, numeric = other
+            try:
+                shape, dtype = dataset.shape, str(dataset.dtype)
+            except _H5_ERRORS:
+                shape, dtype = None, "?"
+            self.others.append(OtherObject(name, kind, reason, shape, dtype, numeric))
+            return
+        info = TensorInfo(name, tuple(dataset.shape), dataset.dtype, attrs=attributes(dataset),
+                          refused=foreign_storage(dataset) or self._bomb(dataset))
+        self.tensors[name] = info
+        if info.refused:
+            return
+        layout = dataset.id.get_create_plist().get_layout()
+        if layout == h5py.h5d.CONTIGUOUS and _standard_type(dataset):
+            offset = dataset.id.get_offset()
+            if offset is not None and info.nbytes:
+                self._regions[name] = offset
+                self.contiguous_raw[name] = (offset, info.nbytes)
+        elif dataset.chunks is not None and len(info.shape) >= 1:
+            self._align[name] = dataset.chunks[0] * math.prod(info.shape[1:])
+
+    def _bomb(self, dataset: h5py.Dataset) -> str | None:
+        logical = math.prod(dataset.shape) * dataset.dtype.itemsize
+        stored = dataset.id.get_storage_size()
+        if logical > BOMB_FLOOR_BYTES + BOMB_RATIO * stored:
+            return (f"claims {logical:,} bytes of data but the file stores {stored:,} for it "
+                    f"(more than {BOMB_RATIO} times as much plus 4 GiB): refused as a decompression bomb")
+        return None
 
     def close(self) -> None:
+        if getattr(self, "_raw_fd", -1) >= 0:
+            os.close(self._raw_fd)
+            self._raw_fd = -1
+        file = getattr(self, "file", None)
+        if file is None:
+            return
         try:
-            self.file.close()
+            file.close()
         except _H5_ERRORS:
             pass
+        self.file = None
+
+    def region(self, name: str) -> tuple[int, int] | None:
+        offset = self._regions.get(name)
+        if offset is None:
+            return None
+        with self._lock:
+            if self._raw_fd < 0:
+                self._raw_fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        return self._raw_fd, offset
+
+    def align(self, name: str) -> int:
+        return self._align.get(name, 0)
 
     def blocks(self, name: str, max_bytes: int = 8 << 20) -> Any:
         dataset = self.file[name]
         if dataset.chunks is None or dataset.size == 0:
             return layout_blocks(self.tensors[name], max_bytes)
-        return self._chunk_blocks(dataset, max_bytes)
+        return self._chunk_blocks(dataset)
 
     @staticmethod
-    def _chunk_blocks(dataset: h5py.Dataset, max_bytes: int) -> Any:
+    def _chunk_blocks(dataset: h5py.Dataset) -> Any:
         # Whole chunks, in the file's chunk order, so each is decompressed once.
         for chunk in dataset.iter_chunks():
             yield tuple(slice(s.start, s.stop) for s in chunk)
 
     def read(self, name: str, index: Index | None = None, scratch: bytearray | None = None) -> np.ndarray:
-        if self.tensors[name].refused:
-            raise UnsupportedError(f"tensor {name!r}: {self.tensors[name].refused}", self.path)
-        dataset = self.file[name]
-        try:
-            data = dataset[()] if index is None or not index else dataset[index]
-        except _H5_ERRORS as error:
-            raise FormatError(f"tensor {name!r} cannot be read ({_first_line(error)}); "
-                              "the file may be truncated or corrupt", self.path) from None
+        info = self.tensors[name]
+        if info.refused:
+            raise UnsupportedError(f"tensor {name!r}: {info.refused}", self.path)
+        with self._lock:
+            try:
+                dataset = self.file[name]
+                data = dataset[()] if index is None or not index else dataset[index]
+            except _H5_ERRORS as error:
+                raise FormatError(f"tensor {name!r} cannot be read ({_filter_message(error)})",
+                                  self.path) from None
         return np.asarray(data)
 
 
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
+    return (text.splitlines()[0] if text else type(error).__name__)[:300]
+
+
+# HDF5 filter ids of the registered filters h5py does not ship, and the package
+# that provides them (https://github.com/HDFGroup/hdf5_plugins/blob/master/docs/RegisteredFilterPlugins.md).
+_PLUGIN_FILTERS = {
+    307: "bzip2", 32001: "blosc", 32004: "lz4", 32008: "bitshuffle", 32015: "zstd", 32026: "blosc2",
+    32013: "zfp", 32017: "sz", 32024: "sz3", 32018: "fcidecomp",
+}
+
+
+def _filter_message(error: BaseException) -> str:
+    text = _first_line(error)
+    if "filter" in text.lower() or "can't open directory" in text.lower():
+        return (f"{text}; it is compressed with an HDF5 filter this installation lacks: "
+                "pip install 'tclip[hdf5-filters]' (hdf5plugin) provides blosc, blosc2, bzip2, lz4, zstd and more")
+    return f"{text}; the file may be truncated or corrupt"
+
+
+def missing_filters(dataset: h5py.Dataset) -> list[str]:
+    """Names of the filters of a dataset that HDF5 cannot apply here."""
+    missing = []
+    plist = dataset.id.get_create_plist()
+    for i in range(plist.get_nfilters()):
+        filter_id = plist.get_filter(i)[0]
+        if not h5py.h5z.filter_avail(filter_id):
+            missing.append(_PLUGIN_FILTERS.get(filter_id, f"filter {filter_id}"))
+    return missing
+
+
+def _check_path(name: str, target: Path) -> None:
+    parts = name.split("/")
+    if not name or any(p in ("", ".", "..") for p in parts):
+        raise UnsupportedError(f"tensor name {name!r} is not a valid HDF5 path", target)
 
 
 class Hdf5Writer(TensorWriter):
     """Writes HDF5. Created like an HDF5 reader, it starts from a byte copy of the
-    source file and overwrites the rewritten tensors' data in place, so every
-    structure HDF5 can hold survives as it was: groups, attributes (object
-    references and dimension scales included), links, named types, creation
-    order, chunking, filters and fill values. (Rewritten compressed chunks that
-    no longer fit their old space are stored anew; the file can grow a little.)
-    From another format, datasets are created at the tensors' paths.
+    source file without the data of the tensors it will rewrite, and writes
+    those in place (contiguous ones as raw byte regions, chunked ones through
+    h5py), so every structure HDF5 can hold survives as it was. (Rewritten
+    compressed chunks that no longer fit their old space are stored anew; the
+    file can grow a little.) From another format, datasets are created at the
+    tensors' paths.
     """
 
     format_name = "hdf5"
 
     def __init__(self, target: Path, tensors: list[TensorInfo], output: AtomicOutput,
-                 like: TensorReader | None = None, metadata: dict[str, Any] | None = None) -> None:
+                 like: TensorReader | None = None, metadata: dict[str, Any] | None = None,
+                 rewritten: Collection[str] | None = None, **_: Any) -> None:
         super().__init__(target, tensors, output)
+        self._like = like if isinstance(like, Hdf5Reader) else None
         for info in tensors:
             if info.dtype.type in ML_FLOAT_TYPES:
                 raise UnsupportedError(f"HDF5 has no {info.dtype.name} type (tensor {info.name!r}); "
@@ -173,12 +390,17 @@ class Hdf5Writer(TensorWriter):
             if not info.numeric:
                 raise UnsupportedError(f"tensor {info.name!r} of dtype {info.dtype} cannot be written to HDF5",
                                        target)
-        self._like = like if isinstance(like, Hdf5Reader) else None
+            if self._like is None:
+                _check_path(info.name, target)
         self._current: tuple[str, h5py.Dataset] | None = None
+        self._lock = threading.RLock()
+        self._fd = -1
+        self.file: h5py.File | None = None
+        self._raw: dict[str, int] = {}
+        self.rewritten = set(self.tensors) if rewritten is None else set(rewritten)
         try:
             if self._like is not None:
-                shutil.copyfile(self._like.path, output.temp)  # the kernel's copy, as cp does
-                self.file = h5py.File(output.temp, "r+")
+                self._start_from_copy(self._like)
             else:
                 self.file = h5py.File(output.temp, "w")
                 for key, value in (metadata or {}).items():
@@ -190,11 +412,29 @@ class Hdf5Writer(TensorWriter):
             self._close_quietly()
             raise
 
+    def _start_from_copy(self, like: Hdf5Reader) -> None:
+        holes = {name: like.contiguous_raw[name] for name in self.rewritten if name in like.contiguous_raw}
+        source_fd = os.open(like.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            size = os.fstat(source_fd).st_size
+            self._fd = os.open(self.output.temp, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+            os.ftruncate(self._fd, size)
+            copy_except(source_fd, self._fd, size, list(holes.values()), like.path)
+        finally:
+            os.close(source_fd)
+        self._raw = {name: offset for name, (offset, _) in holes.items()}
+        if any(name not in self._raw for name in self.rewritten):
+            self.file = h5py.File(self.output.temp, "r+")
+
+    def parallel_safe(self, name: str) -> bool:
+        return name in self._raw
+
     def _dataset(self, name: str) -> h5py.Dataset:
         # Only the dataset being written is kept open: HDF5 holds several MiB
         # per open dataset being written, which would grow with the tensor count.
         if self._current is not None and self._current[0] == name:
             return self._current[1]
+        assert self.file is not None
         if name in self.file:
             dataset = self.file[name]
             # Never write through to another file (external storage, virtual sources).
@@ -214,29 +454,74 @@ class Hdf5Writer(TensorWriter):
             return self._like.blocks(name, max_bytes)
         return layout_blocks(self.tensors[name], max_bytes)
 
+    def write_flat(self, name: str, start: int, data: np.ndarray) -> None:
+        offset = self._raw.get(name)
+        if offset is None:
+            with self._lock:
+                super().write_flat(name, start, data)
+            return
+        dtype = self.tensors[name].dtype
+        array = np.ascontiguousarray(data, dtype=dtype)
+        pwrite_all(self._fd, array.reshape(-1).view(np.uint8).data, offset + start * dtype.itemsize)
+
     def write(self, name: str, index: Index, data: np.ndarray) -> None:
-        dataset = self._dataset(name)
-        if dataset.shape == ():
-            dataset[()] = data
-        else:
-            dataset[index] = data
+        if name in self._raw:
+            from .base import contiguous_span, normalize_index
+
+            info = self.tensors[name]
+            index = normalize_index(index, info.shape)
+            span = contiguous_span(index, info.shape, False) if info.shape else (0, 1)
+            if span is not None:
+                self.write_flat(name, span[0], np.asarray(data).reshape(-1))
+                return
+            raise FormatError(f"internal error: block {index} of {name!r} is not contiguous", self.target)
+        with self._lock:
+            dataset = self._dataset(name)
+            try:
+                if dataset.shape == ():
+                    dataset[()] = data
+                else:
+                    dataset[index] = data
+            except _H5_ERRORS as error:
+                raise FormatError(f"tensor {name!r} cannot be written ({_filter_message(error)})",
+                                  self.target) from None
 
     def copy_tensor(self, reader: TensorReader, name: str, max_bytes: int = 8 << 20) -> None:
         if reader is self._like:
+            if name in self._raw:  # announced as rewritten, so left out of the copy
+                offset, nbytes = self._like.contiguous_raw[name]
+                region = reader.region(name)
+                assert region is not None
+                copy_range(region[0], region[1], nbytes, self._fd, offset, reader.path)
             return  # already there, byte for byte
         super().copy_tensor(reader, name, max_bytes)
 
     def _finish(self) -> None:
-        for name in self.tensors:  # empty tensors never receive a block
-            if name not in self.file:
-                self._dataset(name)
-        self._current = None
-        self.file.flush()
-        self.file.close()
+        if self.file is not None:
+            with self._lock:
+                if self._like is None:
+                    for name in self.tensors:  # empty tensors never receive a block
+                        if name not in self.file:
+                            self._dataset(name)
+                self._current = None
+                self.file.flush()
+                self.file.close()
+                self.file = None
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)
 
     def _close_quietly(self) -> None:
         self._current = None
         try:
-            self.file.close()
+            if self.file is not None:
+                self.file.close()
         except Exception:  # the file is being thrown away
             pass
+        self.file = None
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            try:
+                os.close(fd)
+            except OSError:
+                pass

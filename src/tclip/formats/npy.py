@@ -1,17 +1,24 @@
 """.npy files: one tensor, named after the file's stem.
 
-The header is parsed by ``numpy.lib.format`` (a literal parser: no code runs);
-the data is then read in blocks straight from the file rather than through
-``np.load``, which would load or map the whole array. A rewrite reuses the
-original header bytes, so an unclipped round trip is byte-identical.
+The header is parsed here, as data (``ast.literal_eval`` of a bounded text: no
+code runs, no pickle), for the format's versions 1.0, 2.0 and 3.0, with
+Python 2's ``2L`` integers accepted; only NumPy's documented
+``numpy.lib.format`` functions are used (descriptor <-> dtype, header writers).
+The data is read and written in runs straight from and to the file, never
+through ``np.load``. A rewrite reuses the original header bytes, so an
+unclipped round trip is byte-identical.
 """
 
 from __future__ import annotations
 
+import ast
 import io
 import os
+import re
+import struct
+import warnings
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 from numpy.lib import format as npy_format
@@ -21,44 +28,82 @@ from ..errors import FormatError, UnsupportedError
 from .base import (
     AtomicOutput,
     Index,
-    RegionSource,
-    SequentialBlocks,
+    PositionalWriter,
     TensorInfo,
     TensorReader,
-    TensorWriter,
     checked_size,
-    copy_bytes,
-    write_all,
 )
 
+MAGIC = b"\x93NUMPY"
 # numpy's own default limit on header size; larger headers are refused, not parsed.
 MAX_HEADER_SIZE = 10000
+_PY2_LONG = re.compile(r"(?<=[0-9])L\b")
 
 
 def parse_header(stream: BinaryIO, path: object, name: str) -> tuple[np.dtype, tuple[int, ...], bool, int]:
     """Read an .npy header from ``stream``: (dtype, shape, fortran_order, header length)."""
+    where = f"member {name!r}: " if name else ""
+
+    def bad(message: str) -> FormatError:
+        return FormatError(f"{where}not a valid .npy header ({message})", path)
+
+    prefix = stream.read(8)
+    if len(prefix) != 8 or not prefix.startswith(MAGIC):
+        raise bad("no .npy magic string")
+    version = (prefix[6], prefix[7])
+    if version == (1, 0):
+        raw = stream.read(2)
+        length = struct.unpack("<H", raw)[0] if len(raw) == 2 else -1
+    elif version in ((2, 0), (3, 0)):
+        raw = stream.read(4)
+        length = struct.unpack("<I", raw)[0] if len(raw) == 4 else -1
+    else:
+        raise bad(f"unsupported format version {version[0]}.{version[1]}")
+    if length < 0:
+        raise bad("file ends inside the header")
+    if length > MAX_HEADER_SIZE:
+        raise bad(f"header of {length} bytes exceeds the limit of {MAX_HEADER_SIZE}")
+    text_bytes = stream.read(length)
+    if len(text_bytes) != length:
+        raise bad("file ends inside the header")
     try:
-        version = npy_format.read_magic(stream)
-        if version == (1, 0):
-            shape, fortran, dtype = npy_format.read_array_header_1_0(stream, max_header_size=MAX_HEADER_SIZE)
-        elif version == (2, 0):
-            shape, fortran, dtype = npy_format.read_array_header_2_0(stream, max_header_size=MAX_HEADER_SIZE)
-        elif version == (3, 0):
-            # numpy has no public reader for version 3.0 (utf-8 field names); this
-            # private one is what np.load itself calls, with the same literal parser.
-            shape, fortran, dtype = npy_format._read_array_header(stream, version, max_header_size=MAX_HEADER_SIZE)
-        else:
-            raise ValueError(f"unsupported .npy version {version}")
-    except (ValueError, EOFError, SyntaxError, TypeError, UnicodeDecodeError) as error:
-        where = f"member {name!r}: " if name else ""
-        message = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise FormatError(f"{where}not a valid .npy header ({message})", path) from None
+        text = text_bytes.decode("utf-8" if version == (3, 0) else "latin-1")
+    except UnicodeDecodeError:
+        raise bad("header is not UTF-8 text") from None
+    header = _literal(text)
+    if header is None:
+        header = _literal(_PY2_LONG.sub("", text))  # Python 2 wrote shapes as (2L, 3L)
+    if header is None:
+        raise bad("header is not a Python literal")
+    if not isinstance(header, dict) or set(header) != {"descr", "fortran_order", "shape"}:
+        raise bad("header must hold exactly 'descr', 'fortran_order' and 'shape'")
+    shape, fortran = header["shape"], header["fortran_order"]
+    if not isinstance(shape, tuple) or not all(isinstance(n, int) and not isinstance(n, bool) for n in shape):
+        raise bad(f"shape {shape!r} is not a tuple of integers")
+    if not isinstance(fortran, bool):
+        raise bad(f"fortran_order {fortran!r} is not True or False")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # numpy warns about some old descriptors; the dtype is what counts
+            dtype = npy_format.descr_to_dtype(header["descr"])
+    except (ValueError, TypeError, KeyError, IndexError, RecursionError, MemoryError):
+        raise bad(f"unknown dtype descriptor {str(header['descr'])[:80]!r}") from None
     if dtype.hasobject:
         raise UnsupportedError(
             f"tensor {name!r} holds Python objects; loading it would need pickle, which tclip never runs",
             path,
         )
-    return dtype, tuple(shape), bool(fortran), stream.tell()
+    if dtype.itemsize == 0:
+        raise bad(f"dtype {dtype} has no size")
+    checked_size(shape, dtype.itemsize, path, name or "array")
+    return dtype, shape, fortran, stream.tell()
+
+
+def _literal(text: str) -> Any:
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return None
 
 
 def header_bytes(dtype: np.dtype, shape: tuple[int, ...], fortran: bool) -> bytes:
@@ -97,7 +142,6 @@ class NpyReader(TensorReader):
             self._file.seek(0)
             self.header = self._file.read(self.data_offset)
             self.tensors[name] = TensorInfo(name, shape, dtype, fortran, numeric=is_numeric(dtype))
-            self._source = RegionSource(self._file.fileno(), self.path)
         except BaseException:
             self._file.close()
             raise
@@ -108,45 +152,51 @@ class NpyReader(TensorReader):
     def fileno(self) -> int:
         return self._file.fileno()
 
+    def region(self, name: str) -> tuple[int, int] | None:
+        return self._file.fileno(), self.data_offset
+
     def read(self, name: str, index: Index | None = None, scratch: bytearray | None = None) -> np.ndarray:
-        return self._source.read(self.data_offset, self.tensors[name], index, scratch)
+        return read_region(self, name, index)
 
 
-class NpyWriter(TensorWriter):
+def read_region(reader: TensorReader, name: str, index: Index | None) -> np.ndarray:
+    """A rectangular block of a tensor stored as one raw region, through a read-only map
+    when it is not one contiguous run (the resident memory stays the block's)."""
+    from .base import contiguous_span, normalize_index
+
+    info = reader.tensors[name]
+    index = normalize_index(index, info.shape)
+    shape = tuple(s.stop - s.start for s in index)
+    span = contiguous_span(index, info.shape, info.fortran_order) if shape else (0, 1)
+    if span is not None:
+        flat = reader.read_flat(name, span[0], span[0] + span[1])
+        return flat.reshape(shape, order="F" if info.fortran_order else "C")
+    fd, offset = reader.region(name)  # type: ignore[misc]
+    mapped = np.memmap(reader.path, dtype=info.dtype, mode="r", offset=offset, shape=info.shape,
+                       order="F" if info.fortran_order else "C")
+    try:
+        return np.array(mapped[index], order="F" if info.fortran_order else "C")
+    finally:
+        del mapped
+
+
+class NpyWriter(PositionalWriter):
     format_name = "npy"
 
     def __init__(self, target: Path, tensors: list[TensorInfo], output: AtomicOutput,
-                 like: TensorReader | None = None) -> None:
+                 like: TensorReader | None = None, **_: Any) -> None:
         if len(tensors) != 1:
             names = ", ".join(t.name for t in tensors[:5])
             raise UnsupportedError(f".npy holds exactly one tensor, this would need {len(tensors)} ({names}); "
                                    "write .npz or .safetensors instead", target)
         super().__init__(target, tensors, output)
         (self.info,) = tensors
+        if not self.info.numeric:
+            raise UnsupportedError(f"tensor {self.info.name!r} of dtype {self.info.dtype} cannot be written",
+                                   target)
         if isinstance(like, NpyReader) and like.tensors.get(self.info.name) == self.info:
             header = like.header
         else:
             header = header_bytes(self.info.dtype, self.info.shape, self.info.fortran_order)
-        self._order = SequentialBlocks()
-        self._file = open(output.temp, "wb")
-        self._file.write(header)
-
-    def write(self, name: str, index: Index, data: np.ndarray) -> None:
-        self._order.check(self.info, index)
-        write_all(self._file, np.asarray(data, dtype=self.info.dtype), self.info.fortran_order)
-
-    def copy_tensor(self, reader: TensorReader, name: str, max_bytes: int = 8 << 20) -> None:
-        if not (isinstance(reader, NpyReader) and reader.tensors[name] == self.info):
-            return super().copy_tensor(reader, name, max_bytes)
-        # Same dtype, shape and order: the data region is copied byte for byte.
-        self._order.check(self.info, tuple(slice(0, n) for n in self.info.shape))
-        copy_bytes(reader.fileno(), reader.data_offset, self.info.nbytes, self._file, reader.path)
-
-    def _finish(self) -> None:
-        if self._order.expected.get(self.info.name, 0) != self.info.size:
-            raise FormatError(f"internal error: tensor {self.info.name!r} incomplete", self.target)
-        self._file.flush()
-        self._file.close()
-
-    def _close_quietly(self) -> None:
-        self._file.close()
+        self.offsets[self.info.name] = len(header)
+        self._open(header, len(header) + self.info.nbytes)

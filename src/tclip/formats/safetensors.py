@@ -12,7 +12,9 @@ from __future__ import annotations
 import json
 import os
 import struct
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import ml_dtypes
@@ -22,15 +24,12 @@ from ..errors import FormatError, UnsupportedError
 from .base import (
     AtomicOutput,
     Index,
-    RegionSource,
-    SequentialBlocks,
+    PositionalWriter,
     TensorInfo,
     TensorReader,
-    TensorWriter,
     checked_size,
-    copy_bytes,
-    write_all,
 )
+from .npy import read_region
 
 MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit
 METADATA_KEY = "__metadata__"
@@ -67,7 +66,17 @@ def dtype_code(dtype: np.dtype) -> str:
     raise UnsupportedError(f"safetensors has no dtype for {dtype.name}")
 
 
-def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+class _Entry(tuple):
+    """A tensor entry of the header, kept compact while parsing (files can list a million)."""
+
+
+_ENTRY_KEYS = frozenset({"dtype", "shape", "data_offsets"})
+
+
+def _object_hook(pairs: list[tuple[str, Any]]) -> Any:
+    if len(pairs) == 3 and {k for k, _ in pairs} == _ENTRY_KEYS:
+        entry = dict(pairs)
+        return _Entry((entry["dtype"], entry["shape"], entry["data_offsets"]))
     result: dict[str, Any] = {}
     for key, value in pairs:
         if key in result:
@@ -88,7 +97,6 @@ class SafetensorsReader(TensorReader):
         except BaseException:
             self._file.close()
             raise
-        self._source = RegionSource(self._file.fileno(), self.path)
 
     def _parse(self) -> None:
         path = self.path
@@ -103,11 +111,16 @@ class SafetensorsReader(TensorReader):
             raise FormatError(f"header length {header_length} runs past the end of the file ({file_size} bytes)", path)
         raw = self._file.read(header_length)
         try:
-            header = json.loads(raw.decode("utf-8"), object_pairs_hook=_reject_duplicates)
+            text = raw.decode("utf-8")
+            header = json.loads(text, object_pairs_hook=_object_hook)
         except (UnicodeDecodeError, ValueError) as error:
-            raise FormatError(f"header is not valid JSON ({error})", path) from None
+            raise FormatError(f"header is not valid JSON ({str(error)[:200]})", path) from None
+        except RecursionError:
+            raise FormatError("header is not valid JSON (nested too deeply)", path) from None
         if not isinstance(header, dict):
             raise FormatError("header is not a JSON object", path)
+        if "\\ud" in text.lower() and _has_lone_surrogate(header):
+            raise FormatError("header holds a string with a lone UTF-16 surrogate (not valid Unicode text)", path)
         self.header_bytes = prefix + raw
         self.data_start = 8 + header_length
         data_size = file_size - self.data_start
@@ -127,19 +140,18 @@ class SafetensorsReader(TensorReader):
             if begin > position:
                 raise FormatError(f"tensor {name!r}: {begin - position} bytes before it belong to no tensor", path)
             position = end
-            self.tensors[name] = TensorInfo(name, shape, dtype)
+            self.tensors[name] = TensorInfo(name, shape, dtype, attrs=_NO_ATTRS)
             self.offsets[name] = self.data_start + begin
         if position != data_size:
             raise FormatError(f"the data is {data_size} bytes but the tensors cover {position}", path)
 
     def _check_entry(self, name: str, entry: Any, data_size: int) -> tuple[np.dtype, tuple[int, ...], int, int]:
         path = self.path
-        if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= entry.keys():
+        if not isinstance(entry, _Entry):
             raise FormatError(f"tensor {name!r}: expected dtype, shape and data_offsets", path)
-        code = entry["dtype"]
-        if code not in DTYPES:
+        code, shape, offsets = entry
+        if not isinstance(code, str) or code not in DTYPES:
             raise FormatError(f"tensor {name!r}: unknown dtype {code!r}", path)
-        shape, offsets = entry["shape"], entry["data_offsets"]
         if not isinstance(shape, list):
             raise FormatError(f"tensor {name!r}: invalid shape {shape!r}", path)
         nbytes = checked_size(tuple(shape), DTYPES[code].itemsize, path, name)
@@ -160,8 +172,11 @@ class SafetensorsReader(TensorReader):
     def close(self) -> None:
         self._file.close()
 
+    def region(self, name: str) -> tuple[int, int] | None:
+        return self._file.fileno(), self.offsets[name]
+
     def read(self, name: str, index: Index | None = None, scratch: bytearray | None = None) -> np.ndarray:
-        return self._source.read(self.offsets[name], self.tensors[name], index, scratch)
+        return read_region(self, name, index)
 
     def fileno(self) -> int:
         return self._file.fileno()
@@ -171,23 +186,43 @@ class SafetensorsReader(TensorReader):
         return self.offsets[name], self.tensors[name].nbytes
 
 
-class SafetensorsWriter(TensorWriter):
+_NO_ATTRS: Mapping[str, Any] = MappingProxyType({})
+
+
+def _has_lone_surrogate(header: dict[str, Any]) -> bool:
+    def bad(text: object) -> bool:
+        if not isinstance(text, str):
+            return False
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+
+    metadata = header.get(METADATA_KEY)
+    items = list(metadata.items()) if isinstance(metadata, dict) else []
+    return any(bad(k) for k in header) or any(bad(k) or bad(v) for k, v in items)
+
+
+class SafetensorsWriter(PositionalWriter):
     format_name = "safetensors"
 
     def __init__(self, target: Path, tensors: list[TensorInfo], output: AtomicOutput,
-                 like: TensorReader | None = None, metadata: dict[str, str] | None = None) -> None:
+                 like: TensorReader | None = None, metadata: dict[str, str] | None = None, **_: Any) -> None:
         little = [TensorInfo(t.name, t.shape, self._little_endian(t, target), numeric=t.numeric) for t in tensors]
         super().__init__(target, little, output)
-        self._blocks = SequentialBlocks()
-        self._order = [t.name for t in little]
-        self._position = 0
-        if isinstance(like, SafetensorsReader) and [like.tensors.get(t.name) for t in little] == little \
-                and len(like.tensors) == len(little) and metadata is None:
+        if isinstance(like, SafetensorsReader) and len(like.tensors) == len(little) and metadata is None \
+                and all(like.tensors.get(t.name) == t for t in little):
             header = like.header_bytes  # byte-identical rewrite of a canonical file
+            for t in little:
+                self.offsets[t.name] = like.offsets[t.name]
         else:
             header = self._header(little, metadata if metadata is not None else {})
-        self._file = open(output.temp, "wb")
-        self._file.write(header)
+            position = len(header)
+            for t in little:
+                self.offsets[t.name] = position
+                position += t.nbytes
+        self._open(header, len(header) + sum(t.nbytes for t in little))
 
     @staticmethod
     def _little_endian(info: TensorInfo, target: Path) -> np.dtype:
@@ -209,41 +244,3 @@ class SafetensorsWriter(TensorWriter):
         text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
         text += b" " * (-len(text) % 8)  # pad so the data starts 8-byte aligned, as the library does
         return struct.pack("<Q", len(text)) + text
-
-    def _advance_to(self, name: str) -> None:
-        target = self._order.index(name)
-        if target < self._position:
-            raise FormatError(f"internal error: tensor {name!r} written out of order", self.target)
-        while self._position < target:
-            self._close_tensor()
-
-    def _close_tensor(self) -> None:
-        name = self._order[self._position]
-        if self._blocks.expected.get(name, 0) != self.tensors[name].size:
-            raise FormatError(f"internal error: tensor {name!r} incomplete", self.target)
-        self._position += 1
-
-    def write(self, name: str, index: Index, data: np.ndarray) -> None:
-        self._advance_to(name)
-        info = self.tensors[name]
-        self._blocks.check(info, index)
-        write_all(self._file, np.asarray(data).astype(info.dtype, copy=False))
-
-    def copy_tensor(self, reader: TensorReader, name: str, max_bytes: int = 8 << 20) -> None:
-        if not isinstance(reader, SafetensorsReader):
-            return super().copy_tensor(reader, name, max_bytes)
-        # Untouched tensors are copied byte for byte from the source file.
-        self._advance_to(name)
-        info = self.tensors[name]
-        self._blocks.check(info, tuple(slice(0, n) for n in info.shape))
-        offset, count = reader.raw_range(name)
-        copy_bytes(reader.fileno(), offset, count, self._file, reader.path)
-
-    def _finish(self) -> None:
-        while self._position < len(self._order):
-            self._close_tensor()
-        self._file.flush()
-        self._file.close()
-
-    def _close_quietly(self) -> None:
-        self._file.close()

@@ -1,0 +1,119 @@
+"""The ``tclip`` console entry point: signals, interrupts and broken pipes, before anything is imported.
+
+Everything heavy (click, NumPy, rich, the formats) is imported inside
+:func:`main`, after the handlers are in place, so Ctrl-C at any moment -- even
+during start-up -- ends with exit status 130 and no traceback, SIGTERM with 143
+and SIGHUP with 129, each with one line and no temporary file left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # as a process killed by SIGPIPE
+
+
+class Terminated(BaseException):
+    """SIGTERM or SIGHUP arrived: unwind (removing temporary files) and exit."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated(signum)
+
+
+def _remove_live_temps() -> None:
+    base = sys.modules.get("tclip.formats.base")
+    for path in list(getattr(base, "LIVE_TEMPS", ())):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def _say(message: str) -> None:
+    try:
+        sys.stderr.write(message + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def main() -> None:
+    """Console entry point."""
+    code = 0
+    try:
+        for name in ("SIGTERM", "SIGHUP"):
+            if hasattr(signal, name):
+                signal.signal(getattr(signal, name), _raise_terminated)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                # A terminal or pipe that cannot encode a name must never raise.
+                stream.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
+            except (AttributeError, ValueError):
+                pass
+        from .cli import cli
+
+        code = cli.main(prog_name="tclip", standalone_mode=False) or 0
+    except KeyboardInterrupt:
+        _remove_live_temps()
+        _say("Error: interrupted")
+        code = EXIT_INTERRUPTED
+    except Terminated as stop:
+        _remove_live_temps()
+        name = signal.Signals(stop.signum).name
+        _say(f"Error: terminated by {name}; unfinished outputs were removed")
+        code = 128 + stop.signum
+    except BrokenPipeError:
+        _quiet_stdout()
+        code = EXIT_BROKEN_PIPE
+    except SystemExit as done:
+        code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+    except Exception as error:  # click's own errors are handled below; anything else is a bug
+        code = _click_error(error)
+    finally:
+        _remove_live_temps()
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _quiet_stdout()
+        code = code or EXIT_BROKEN_PIPE
+    except (OSError, ValueError):
+        pass
+    sys.exit(code)
+
+
+def _click_error(error: Exception) -> int:
+    import click
+
+    if isinstance(error, click.exceptions.Exit):
+        return error.exit_code
+    if isinstance(error, click.Abort):
+        _say("Error: interrupted")
+        return EXIT_INTERRUPTED
+    if isinstance(error, click.ClickException):
+        error.show()
+        return error.exit_code
+    if isinstance(error, BrokenPipeError):
+        _quiet_stdout()
+        return EXIT_BROKEN_PIPE
+    if os.environ.get("TCLIP_DEBUG"):
+        raise error
+    _say(f"Error: internal error: {type(error).__name__}: {error}")
+    return 1
+
+
+def _quiet_stdout() -> None:
+    # Nobody reads stdout any more: point it at /dev/null so the final flush is silent.
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass

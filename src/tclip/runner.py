@@ -1,0 +1,419 @@
+"""What each command does with its files: expand them, run the library per file (or per
+tensor set), print tables or JSON Lines, map errors to one line each, and decide the exit status.
+
+Kept apart from :mod:`tclip.cli` so that parsing options imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+import sys
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from .errors import TclipError
+from .formats import SUFFIXES
+from .render import render_file, render_info, render_summary, safe
+
+EXIT_FAILED = 1
+EXIT_CHECK_FAILED = 3
+# Runs smaller than this take well under a second: no progress bar flashing by.
+PROGRESS_MIN_BYTES = 64 << 20
+UNLIMITED = 1 << 20  # the console width for output that is not a terminal: never cut
+
+# Relative tolerance of the --max-norm gate per dtype: 2 ulps (2 * machine epsilon).
+_EPS = {"float64": 2.0 ** -52, "float32": 2.0 ** -23, "float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}
+
+
+def gate_tolerance(dtype: str) -> float:
+    """How far above a limit a norm of ``dtype`` values may be and still pass: 2 ulps, relative."""
+    if dtype.startswith("float8_e5m2"):
+        return 2 * 2.0 ** -2
+    if dtype.startswith("float8") or dtype.startswith("float6") or dtype.startswith("float4"):
+        return 2 * 2.0 ** -3
+    return 2 * _EPS.get(dtype.replace(" (big-endian)", ""), 2.0 ** -23)
+
+
+# --------------------------------------------------------------------------- files
+
+
+def is_tensor_file(path: Path) -> bool:
+    return path.suffix.lower() in SUFFIXES and not path.stem.endswith(".clipped")
+
+
+def expand_files(items: tuple[str, ...], recursive: bool) -> Iterator[tuple[str, Path | None]]:
+    """(display name, path) per input; path None when the item matched nothing.
+
+    A directory holding a ``*.safetensors.index.json`` stands for that sharded set.
+    """
+    for item in items:
+        path = Path(item)
+        if path.is_dir():
+            indexes = sorted(path.glob("*.index.json"))
+            if indexes:
+                for index in indexes:
+                    yield str(index), index
+                continue
+            found = sorted(path.rglob("*") if recursive else path.iterdir(), key=lambda p: _natural(str(p)))
+            files = [p for p in found if p.is_file() and is_tensor_file(p)]
+            if not files:
+                yield item, None
+            for p in files:
+                yield str(p), p
+        elif path.exists() or not glob.has_magic(item):
+            yield item, path
+        else:
+            matches = sorted(glob.glob(item, recursive=recursive), key=_natural)
+            files = [Path(m) for m in matches if Path(m).is_file() and is_tensor_file(Path(m))]
+            if not files:
+                yield item, None
+            for p in files:
+                yield str(p), p
+
+
+def _natural(text: str) -> list[Any]:
+    from .render import natural_key
+
+    return natural_key(text)
+
+
+# --------------------------------------------------------------------------- output
+
+
+def make_console(stderr: bool, color: str) -> tuple[Console, int | None]:
+    """A console and the width tables fit into (None: not a terminal, never cut)."""
+    stream = sys.stderr if stderr else sys.stdout
+    try:
+        tty = stream.isatty()
+    except (AttributeError, ValueError):
+        tty = False
+    kwargs: dict[str, Any] = {"stderr": stderr, "highlight": False, "emoji": False, "markup": False}
+    if color == "never":
+        kwargs["no_color"] = True
+    elif color == "always":
+        kwargs["force_terminal"] = True
+    if not tty:
+        kwargs["width"] = UNLIMITED
+    console = Console(**kwargs)
+    return console, (console.width if tty else None)
+
+
+class Runner:
+    """Runs one command over many files: errors per file, rendering, exit status."""
+
+    def __init__(self, as_json: bool, quiet: bool, color: str = "auto", fail_fast: bool = False) -> None:
+        self.as_json, self.quiet, self.fail_fast = as_json, quiet, fail_fast
+        self.out, self.width = make_console(False, color)
+        self.err, _ = make_console(True, color)
+        self.failed: list[str] = []
+        self.ok = 0
+        self.checks_failed: list[str] = []
+        warnings.showwarning = self._library_warning  # type: ignore[assignment]
+
+    def _library_warning(self, message: Any, category: Any, filename: str, lineno: int, file: Any = None,
+                         line: Any = None) -> None:
+        if not self.quiet:
+            self.say(f"Warning: {message}")
+
+    def say(self, text: str) -> None:
+        """One line on stderr, literally (no markup), never folded."""
+        self.err.print(safe(text), markup=False, highlight=False, soft_wrap=True, emoji=False)
+
+    def error(self, name: str, message: str) -> None:
+        self.failed.append(name)
+        self.say(f"Error: {message}")
+        if self.as_json:
+            self.emit({"schema": 1, "file": name, "output": None, "error": message})
+
+    def warn(self, name: str, message: str, always: bool = False) -> None:
+        if always or not self.quiet:
+            self.say(f"Warning: {name}: {message}")
+
+    def emit(self, data: dict[str, Any]) -> None:
+        sys.stdout.write(json.dumps(data, allow_nan=False) + "\n")
+        sys.stdout.flush()
+
+    def expand(self, items: tuple[str, ...], recursive: bool) -> list[tuple[str, Path | None]]:
+        return list(expand_files(items, recursive))
+
+    @contextmanager
+    def progress(self, total: int) -> Iterator[Callable[[str], Callable[[int], None]] | None]:
+        """A progress bar over the whole run (all files), or None when it would not help."""
+        if self.quiet or self.as_json or not self.err.is_terminal or total < PROGRESS_MIN_BYTES:
+            yield None
+            return
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TaskProgressColumn,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
+
+        bar = Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), DownloadColumn(),
+                       TransferSpeedColumn(), TimeRemainingColumn(), console=self.err, transient=True)
+        with bar:
+            task = bar.add_task("", total=total)
+
+            def for_file(name: str) -> Callable[[int], None]:
+                bar.update(task, description=safe(Path(name).name)[:40])
+                return lambda n: bar.advance(task, n)
+
+            yield for_file
+
+    def attempt(self, name: str, work: Callable[[], Any]) -> Any:
+        """Run ``work`` for one input; an error becomes one line and None."""
+        try:
+            return work()
+        except BrokenPipeError:
+            raise
+        except TclipError as error:
+            self.error(name, str(error))
+        except MemoryError:
+            self.error(name, f"{name}: out of memory (try a smaller --memory or fewer --threads)")
+        except OSError as error:
+            where = error.filename if getattr(error, "filename", None) else name
+            self.error(name, f"{where}: {error.strerror or error}")
+        except Exception as error:  # a bug: still one line, the rest still run
+            if os.environ.get("TCLIP_DEBUG"):
+                raise
+            self.error(name, f"{name}: internal error: {type(error).__name__}: {error}")
+        return None
+
+    def done(self, name: str, result: Any, show: Callable[[Any], None]) -> None:
+        self.ok += 1
+        for warning in getattr(result, "warnings", []):
+            if warning.startswith("check failed"):
+                self.warn(name, warning, always=True)
+            else:
+                self.warn(name, warning)
+        if self.as_json:
+            self.emit(result.to_json())
+        elif not self.quiet:
+            show(result)
+
+    def finish(self) -> int:
+        if not self.as_json and not self.quiet:
+            render_summary(self.ok, self.failed, self.out)
+        if self.failed:
+            return EXIT_FAILED
+        return EXIT_CHECK_FAILED if self.checks_failed else 0
+
+
+def _sizes(files: list[tuple[str, Path | None]]) -> int:
+    total = 0
+    for _, path in files:
+        try:
+            total += path.stat().st_size if path is not None else 0
+        except OSError:
+            pass
+    return total
+
+
+# --------------------------------------------------------------------------- clipping
+
+
+def run_clip(mode: Any, *, files: tuple[str, ...], recursive: bool, output: Path | None, out_dir: Path | None,
+             in_place: bool, force: bool, include: tuple[str, ...], exclude: tuple[str, ...], dry_run: bool,
+             nonfinite: str, fail_fast: bool, as_json: bool, quiet: bool, color: str, threads: int | None,
+             memory: int, drop_nonnumeric: bool, across_files: bool, dask_address: str | None,
+             strict: bool = False) -> int:
+    from .pipeline import ClipOptions, Selection, clip_file
+
+    runner = Runner(as_json, quiet, color, fail_fast)
+    if out_dir is not None and not dry_run:
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            runner.error(str(out_dir), f"{out_dir}: cannot create the output directory "
+                                       f"({error.strerror or error})")
+            return runner.finish()
+    options = ClipOptions(output=output, out_dir=out_dir, in_place=in_place, overwrite=force,
+                          selection=Selection(include, exclude), nonfinite=nonfinite, strict=strict,
+                          dry_run=dry_run, memory=memory, threads=threads or 0, drop_nonnumeric=drop_nonnumeric)
+    inputs = runner.expand(files, recursive)
+    from .tensorset import is_index, run_sets
+
+    if across_files or dask_address is not None or any(p is not None and is_index(p) for _, p in inputs):
+        return run_sets(runner, mode, inputs, options, across_files, dask_address)
+
+    def show(report: Any) -> None:
+        render_file(report, runner.out, width=runner.width)
+
+    with runner.progress(2 * _sizes(inputs)) as progress:
+        for name, path in inputs:
+            if path is None:
+                runner.error(name, f"{name}: no tensor files match")
+            else:
+                report = runner.attempt(name, lambda p=path: clip_file(
+                    p, mode, options, None if progress is None else progress(name)))
+                if report is not None:
+                    runner.done(name, report, show)
+            if runner.failed and fail_fast:
+                break
+    return runner.finish()
+
+
+# --------------------------------------------------------------------------- report
+
+
+def check_report(report: Any, max_norm: float, per_slice: bool) -> list[str]:
+    """Why a report fails the --max-norm gate (empty: it passes)."""
+    from .render import fmt_number
+    from .report import slice_label
+
+    reasons = []
+    bad = [t for t in report.tensors if t.nonfinite]
+    if bad:
+        listing = ", ".join(f"{t.name} ({', '.join(f'{n} {k}' for n, k in ((t.nan, 'NaN'), (t.inf, 'Inf')) if n)})"
+                            for t in bad[:5])
+        reasons.append(f"NaN/Inf in {listing}" + (f" and {len(bad) - 5} more" if len(bad) > 5 else ""))
+    if per_slice:
+        axes = report.params.get("axes")
+        for t in report.tensors:
+            if t.max_slice_norm is None or not t.worst_slices:
+                continue
+            limit = max_norm * (1 + gate_tolerance(t.dtype))
+            over = [s for s in t.worst_slices if s["norm"] > limit or math.isnan(s["norm"])]
+            if over:
+                label = slice_label(t.shape, tuple(a % len(t.shape) for a in axes) if axes else None)
+                first = over[0]
+                where = first["index"][0] if len(first["index"]) == 1 else tuple(first["index"])
+                reasons.append(f"{label if label != 'slice' else 'slice'} norm {fmt_number(first['norm'])} above "
+                               f"{max_norm:g} in {t.name} {label} {where}")
+    elif report.global_norm is not None:
+        dtypes = [t.dtype for t in report.tensors if t.norm is not None and t.skipped is None]
+        tolerance = max((gate_tolerance(d) for d in dtypes), default=gate_tolerance("float32"))
+        if report.global_norm > max_norm * (1 + tolerance) or math.isnan(report.global_norm):
+            biggest = max((t for t in report.tensors if t.norm is not None), key=lambda t: t.norm or 0.0,
+                          default=None)
+            extra = f" (largest: {biggest.name}, {fmt_number(biggest.norm)})" if biggest is not None else ""
+            reasons.append(f"global norm {fmt_number(report.global_norm)} above {max_norm:g}{extra}")
+    return reasons
+
+
+def run_report(*, files: tuple[str, ...], recursive: bool, order: str, axes: tuple[int, ...] | None,
+               max_norm: float | None, sort: str, top: int | None, stats: bool, summary: bool, across_files: bool,
+               include: tuple[str, ...], exclude: tuple[str, ...], as_json: bool, quiet: bool, color: str,
+               threads: int | None, memory: int) -> int:
+    from .pipeline import Selection, report_file
+
+    runner = Runner(as_json, quiet, color)
+    selection = Selection(include, exclude)
+    inputs = runner.expand(files, recursive)
+    from .tensorset import is_index, report_sets
+
+    if across_files or any(p is not None and is_index(p) for _, p in inputs):
+        return report_sets(runner, inputs, selection, order, axes, max_norm, sort, top, stats, summary,
+                           across_files, threads or 0, memory)
+    moments = stats or as_json
+    reports = []
+
+    def show(report: Any) -> None:
+        render_file(report, runner.out, width=runner.width, sort=sort, top=top, stats=stats)
+
+    with runner.progress(_sizes(inputs)) as progress:
+        for name, path in inputs:
+            if path is None:
+                runner.error(name, f"{name}: no tensor files match")
+                continue
+
+            def work(p: Path = path, n: str = name) -> Any:
+                report = report_file(p, axes=axes, ord=order, selection=selection, moments=moments,
+                                     progress=None if progress is None else progress(n), memory=memory,
+                                     threads=threads or 0)
+                if max_norm is not None:
+                    report.params["max_norm"] = max_norm
+                    unmatched = [w for w in report.warnings if w.startswith("pattern ")]
+                    if unmatched:
+                        raise TclipError(f"{'; '.join(unmatched)}: nothing to check", p)
+                    reasons = check_report(report, max_norm, axes is not None)
+                    if reasons:
+                        runner.checks_failed.append(n)
+                        report.warnings.append("check failed: " + "; ".join(reasons))
+                return report
+
+            report = runner.attempt(name, work)
+            if report is None:
+                continue
+            if summary:
+                reports.append(report)
+                runner.ok += 1
+                for warning in report.warnings:
+                    runner.warn(name, warning, always=warning.startswith("check failed"))
+            else:
+                runner.done(name, report, show)
+    if summary:
+        from .summary import render_across_files, summary_json
+
+        if as_json:
+            for item in summary_json(reports):
+                runner.emit(item)
+        elif not quiet:
+            render_across_files(reports, runner.out, runner.width)
+        return 1 if runner.failed else (EXIT_CHECK_FAILED if runner.checks_failed else 0)
+    return runner.finish()
+
+
+# --------------------------------------------------------------------------- info
+
+
+def run_info(*, files: tuple[str, ...], recursive: bool, sort: str, as_json: bool, quiet: bool, color: str) -> int:
+    from .pipeline import file_info
+
+    runner = Runner(as_json, quiet, color)
+    for name, path in runner.expand(files, recursive):
+        if path is None:
+            runner.error(name, f"{name}: no tensor files match")
+            continue
+        from .tensorset import index_info, is_index
+
+        work = (lambda p=path: index_info(p)) if is_index(path) else (lambda p=path: file_info(p))
+        result = runner.attempt(name, work)
+        if result is not None:
+            runner.done(name, result, lambda info: render_info(info, runner.out, width=runner.width, sort=sort))
+    return runner.finish()
+
+
+# --------------------------------------------------------------------------- diff
+
+
+def run_diff(*, a: str, b: str, rtol: float, atol: float, mapping: tuple[str, ...], sort: str, top: int | None,
+             include: tuple[str, ...], exclude: tuple[str, ...], as_json: bool, quiet: bool, color: str,
+             threads: int | None, memory: int) -> int:
+    from .diff import diff_files, parse_mapping
+    from .pipeline import Selection
+    from .render_diff import render_diff
+
+    runner = Runner(as_json, quiet, color)
+    try:
+        renames = parse_mapping(mapping)
+    except ValueError as error:
+        import click
+
+        raise click.BadParameter(str(error), param_hint="'--map'") from None
+    name = f"{a} vs {b}"
+    result = runner.attempt(name, lambda: diff_files(a, b, rtol=rtol, atol=atol, mapping=renames,
+                                                     selection=Selection(include, exclude), memory=memory,
+                                                     threads=threads or 0))
+    if result is None:
+        return EXIT_FAILED
+    if as_json:
+        runner.emit(result.to_json())
+    elif not quiet:
+        render_diff(result, runner.out, runner.width, sort=sort, top=top)
+    if result.differs:
+        if quiet and not as_json:
+            runner.say(f"Warning: {safe(a)} and {safe(b)} differ: {result.summary_line()}")
+        return EXIT_CHECK_FAILED
+    return 0
