@@ -1,4 +1,17 @@
+import os
 import pathlib
 import sys
 
+from hypothesis import HealthCheck, settings
+
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
+
+# The default profile is deterministic and keeps no example database, so every
+# run (a new user's, CI's) tries the same examples: HYPOTHESIS_PROFILE=random
+# explores new ones, HYPOTHESIS_PROFILE=long explores ten times as many.
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("random", database=None, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("long", database=None, deadline=None, max_examples=1000,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))

@@ -65,6 +65,10 @@ def test_clip_by_norm_is_idempotent_up_to_rounding(t_axes, clip_norm):
     once = tclip.clip_by_norm(t, clip_norm, axes=axes)
     twice = tclip.clip_by_norm(once, clip_norm, axes=axes)
     eps = EPS[t.dtype.type]
+    if t.dtype == np.float64:
+        # float64 squares are rounded and summed in float64: the norm of `once` is only
+        # guaranteed within about (size + 1) units of roundoff, and so is the second factor.
+        eps = eps * (t.size + 4) / 2
     np.testing.assert_allclose(twice.astype(np.float64), once.astype(np.float64),
                                rtol=4 * eps, atol=4 * eps * clip_norm)
 

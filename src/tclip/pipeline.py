@@ -629,7 +629,8 @@ def _run_rewrite(reader: TensorReader, writer: TensorWriter | None, work: dict[s
 
 def _resolve_output(path: Path, options: ClipOptions) -> Path:
     if options.in_place:
-        return path
+        # A symlink stays a symlink: its target is what gets replaced.
+        return Path(os.path.realpath(path))
     out = Path(options.output) if options.output is not None else default_output(path, options.out_dir)
     if out.exists() and out.resolve() == path.resolve():
         raise TclipError("the output would replace the input; use --in-place for that", path)
@@ -793,6 +794,11 @@ def clip_file(path: Path | str, mode: Mode, options: ClipOptions | None = None,
             target = None
         elif not overwrite and exists:
             raise OutputExistsError("output already exists; pass --force to replace it", target)
+        if options.in_place and not options.dry_run:
+            links = os.stat(path).st_nlink
+            if links > 1:
+                warnings.append(f"the input has {links - 1} other hard link(s); --in-place gives this name a new "
+                                "file and the other names keep the old data")
         held = HeldTensors(budget.memory // 8)
         stats = file_statistics(reader, selection=options.selection, axes=axes, budget=budget, progress=progress,
                                 held=held)

@@ -41,6 +41,7 @@ from typing import Any
 
 from .engine import Budget
 from .errors import FormatError, OutputExistsError, TclipError, UnsupportedError
+from .formats import TensorReader
 from .pipeline import (
     ClipOptions,
     FileStats,
@@ -565,6 +566,69 @@ def index_info(path: Path) -> InfoReport:
     metadata = tensor_set.metadata
     metadata["shards"] = len(tensor_set.files)
     return InfoReport(str(path), f"{fmt} index", size, tensors, metadata, others)
+
+
+# --------------------------------------------------------------------------- one reader over a set
+
+
+class SetReader(TensorReader):
+    """The tensors of every file of a set as one reader (for ``diff`` of sharded checkpoints).
+
+    Each shard keeps its own reader; reads go to the shard that holds the tensor.
+    """
+
+    format_name = "set"
+
+    def __init__(self, tensor_set: TensorSet) -> None:
+        from .formats import open_reader
+
+        super().__init__(Path(tensor_set.name))
+        self.readers: list[TensorReader] = []
+        self.owner: dict[str, TensorReader] = {}
+        try:
+            for file in tensor_set.files:
+                reader = open_reader(file)
+                self.readers.append(reader)
+                allowed = tensor_set.allow[file] if tensor_set.allow is not None else None
+                for name, info in reader.tensors.items():
+                    if allowed is None or name in allowed:
+                        self.tensors[name] = info
+                        self.owner[name] = reader
+                self.others += reader.others
+        except BaseException:
+            self.close()
+            raise
+        self.metadata = tensor_set.metadata
+        self.format_name = self.readers[0].format_name if self.readers else "set"
+
+    def close(self) -> None:
+        for reader in self.readers:
+            reader.close()
+        self.readers = []
+
+    def read(self, name: str, index: Any = None, scratch: Any = None) -> Any:
+        return self.owner[name].read(name, index, scratch)
+
+    def read_flat(self, name: str, start: int, stop: int, out: Any = None) -> Any:
+        return self.owner[name].read_flat(name, start, stop, out)
+
+    def region(self, name: str) -> tuple[int, int] | None:
+        return self.owner[name].region(name)
+
+    def parallel_safe(self, name: str) -> bool:
+        return self.owner[name].parallel_safe(name)
+
+    def align(self, name: str) -> int:
+        return self.owner[name].align(name)
+
+
+def open_any(path: Path) -> TensorReader:
+    """A reader for a file, or for the set an index names."""
+    from .formats import open_reader
+
+    if is_index(path):
+        return SetReader(_resolve(TensorSet(str(path), [], path)))
+    return open_reader(path)
 
 
 # --------------------------------------------------------------------------- the CLI's side

@@ -34,6 +34,11 @@ from typing import Any
 import h5py
 import numpy as np
 
+try:  # registers the HDF5 compression filters h5py lacks (blosc, blosc2, bzip2, lz4, zstd...)
+    import hdf5plugin  # noqa: F401
+except ImportError:  # the optional extra tclip[hdf5-filters]
+    pass
+
 from ..dtypes import ML_FLOAT_TYPES
 from ..errors import FormatError, UnsupportedError
 from .base import (
@@ -256,7 +261,7 @@ class Hdf5Reader(TensorReader):
             self.others.append(OtherObject(name, kind, reason, shape, dtype, numeric))
             return
         info = TensorInfo(name, tuple(dataset.shape), dataset.dtype, attrs=attributes(dataset),
-                          refused=foreign_storage(dataset) or self._bomb(dataset))
+                          refused=foreign_storage(dataset) or self._bomb(dataset) or _unreadable_filters(dataset))
         self.tensors[name] = info
         if info.refused:
             return
@@ -358,6 +363,14 @@ def missing_filters(dataset: h5py.Dataset) -> list[str]:
         if not h5py.h5z.filter_avail(filter_id):
             missing.append(_PLUGIN_FILTERS.get(filter_id, f"filter {filter_id}"))
     return missing
+
+
+def _unreadable_filters(dataset: h5py.Dataset) -> str | None:
+    missing = missing_filters(dataset)
+    if not missing:
+        return None
+    return (f"compressed with {', '.join(missing)}, which this installation of HDF5 cannot read: "
+            "pip install 'tclip[hdf5-filters]' (the hdf5plugin package)")
 
 
 def _check_path(name: str, target: Path) -> None:

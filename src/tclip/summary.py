@@ -1,0 +1,144 @@
+"""``tclip report --summary``: at which step, which layer -- one row per file, then what changed most.
+
+Files come in natural order (``step_9`` before ``step_10``). Each row gives the
+file's global norm, its largest tensor, NaN/Inf counts; a sparkline shows the
+global norm across the files; then the tensors whose norm changed most between
+consecutive files (by the factor of change, NaN/Inf appearing first).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from rich.console import Console
+from rich.text import Text
+
+from .render import Column, fmt_column, lay_out, natural_key, print_lines, safe, sparkline, symbols_for
+from .report import SCHEMA_VERSION, FileReport, json_safe
+
+TOP_CHANGES = 10
+
+
+def _ordered(reports: list[FileReport]) -> list[FileReport]:
+    return sorted(reports, key=lambda r: natural_key(r.file))
+
+
+def _largest(report: FileReport) -> tuple[str | None, float | None]:
+    measured = [t for t in report.tensors if t.norm is not None]
+    if not measured:
+        return None, None
+    bad = [t for t in measured if t.nonfinite or math.isnan(t.norm)]  # type: ignore[arg-type]
+    top = bad[0] if bad else max(measured, key=lambda t: t.norm)  # type: ignore[arg-type,return-value]
+    return top.name, top.norm
+
+
+def changes(previous: FileReport, current: FileReport, top: int = TOP_CHANGES) -> list[dict[str, Any]]:
+    """Tensors of both files ranked by how much their norm changed (NaN/Inf appearing first)."""
+    before = {t.name: t for t in previous.tensors if t.norm is not None}
+    out = []
+    for t in current.tensors:
+        old = before.get(t.name)
+        if old is None or t.norm is None or old.norm is None:
+            continue
+        new_bad = bool(t.nonfinite) and not old.nonfinite
+        if old.norm > 0 and t.norm > 0 and math.isfinite(old.norm) and math.isfinite(t.norm):
+            ratio = t.norm / old.norm
+            score = abs(math.log(ratio))
+        elif old.norm == t.norm:
+            ratio, score = 1.0, 0.0
+        else:
+            ratio = math.inf if old.norm == 0 else math.nan
+            score = math.inf
+        if new_bad:
+            score = math.inf
+        if score > 0:
+            out.append({"name": t.name, "norm_before": old.norm, "norm_after": t.norm, "ratio": ratio,
+                        "nonfinite_appeared": new_bad, "_score": score})
+    out.sort(key=lambda c: (-c["_score"], natural_key(c["name"])))
+    for item in out:
+        del item["_score"]
+    return out[:top]
+
+
+def summary_json(reports: list[FileReport]) -> list[dict[str, Any]]:
+    """One object per file, in natural order, with the changes since the previous file."""
+    items = []
+    ordered = _ordered(reports)
+    for i, report in enumerate(ordered):
+        name, norm = _largest(report)
+        bad = [t for t in report.tensors if t.nonfinite]
+        items.append(json_safe({
+            "schema": SCHEMA_VERSION,
+            "mode": "summary",
+            "file": report.file,
+            "global_norm": report.global_norm,
+            "tensors": len(report.tensors),
+            "largest": {"name": name, "norm": norm},
+            "nonfinite": {"tensors": [t.name for t in bad], "nan": sum(t.nan for t in bad),
+                          "inf": sum(t.inf for t in bad)},
+            "previous": ordered[i - 1].file if i else None,
+            "changes": changes(ordered[i - 1], report) if i else [],
+            "warnings": report.warnings,
+        }))
+    return items
+
+
+def render_across_files(reports: list[FileReport], console: Console, width: int | None) -> None:
+    symbols = symbols_for(console)
+    ordered = _ordered(reports)
+    if not ordered:
+        return
+    largest = [_largest(r) for r in ordered]
+    globals_ = [r.global_norm for r in ordered]
+    spark = sparkline([g if g is not None else math.nan for g in globals_], symbols)
+    columns = [
+        Column("global", "global norm", [Text(x) for x in fmt_column(globals_, symbols.dash)], "right"),
+        Column("trend", "", [Text(c, style="cyan") for c in spark], drop=0),
+        Column("largest", "largest tensor", [Text(safe(n or symbols.dash)) for n, _ in largest], drop=2),
+        Column("largest_norm", "its norm", [Text(x) for x in fmt_column([v for _, v in largest], symbols.dash)],
+               "right", drop=1),
+        Column("nonfinite", "NaN/Inf", [Text(f"{sum(t.nan for t in r.tensors)}/{sum(t.inf for t in r.tensors)}",
+                                             style="bold magenta")
+                                        if r.nonfinite_tensors else Text("0", style="dim") for r in ordered], "right"),
+    ]
+    lines = [Text(f"{len(ordered)} files, global norm {spark}", style="bold")]
+    lines += lay_out([r.file for r in ordered], columns, width, symbols, name_header="file")
+    moves = []
+    for previous, current in zip(ordered, ordered[1:]):
+        for change in changes(previous, current):
+            moves.append((change, previous.file, current.file))
+    moves.sort(key=lambda m: (not m[0]["nonfinite_appeared"],
+                              -abs(math.log(m[0]["ratio"])) if m[0]["ratio"] and math.isfinite(m[0]["ratio"])
+                              and m[0]["ratio"] > 0 else -math.inf))
+    moves = moves[:TOP_CHANGES]
+    if moves:
+        lines.append(Text(""))
+        lines.append(Text("largest changes between consecutive files", style="bold"))
+        labels = [f"{safe(c['name'])}" for c, _, _ in moves]
+        cols = [
+            Column("where", "between", [Text(f"{safe(_short(a))} {symbols.arrow} {safe(_short(b))}")
+                                        for _, a, b in moves], drop=1),
+            Column("before", "before", [Text(x) for x in fmt_column([c["norm_before"] for c, _, _ in moves])],
+                   "right"),
+            Column("after", "after", [Text(x) for x in fmt_column([c["norm_after"] for c, _, _ in moves])], "right"),
+            Column("ratio", "change", [Text(_ratio(c, symbols.times),
+                                            style="bold red" if c["nonfinite_appeared"] else None)
+                                       for c, _, _ in moves], "right"),
+        ]
+        lines += lay_out(labels, cols, width, symbols)
+    print_lines(console, lines)
+    console.print()
+
+
+def _short(path: str) -> str:
+    return path.rsplit("/", 1)[-1]
+
+
+def _ratio(change: dict[str, Any], times: str) -> str:
+    if change["nonfinite_appeared"]:
+        return "NaN/Inf"
+    ratio = change["ratio"]
+    if not math.isfinite(ratio):
+        return "from 0" if ratio == math.inf else "nan"
+    return f"{times}{ratio:.3g}"
