@@ -179,7 +179,7 @@ def skip_reason(info: TensorInfo, selection: Selection, axes: object = None) -> 
     if info.refused:
         return info.refused
     if not info.numeric:
-        return f"{info.dtype} is not numeric"
+        return f"{info.dtype_label or info.dtype} is not numeric"
     if not is_floating(info.dtype):
         return f"{dtype_name(info.dtype)} is not floating-point"
     return axes_problem(len(info.shape), axes)
@@ -272,7 +272,8 @@ def select(reader: TensorReader, selection: Selection, axes: object = None,
     entries, to_read = [], {}
     for info in reader.tensors.values():
         reason = skip_reason(info, selection, axes)
-        entries.append(TensorEntry(info.name, tuple(info.shape), dtype_name(info.dtype), info.nbytes, reason))
+        entries.append(TensorEntry(info.name, tuple(info.shape), info.dtype_label or dtype_name(info.dtype),
+                                   info.nbytes, reason))
         if reason is None:
             to_read[info.name] = normalize_axes(axes, len(info.shape))
         elif whole_if_rank_skip and is_rank_skip(reason):
@@ -885,7 +886,8 @@ def file_info(path: Path | str) -> InfoReport:
     """Names, shapes, dtypes, sizes and metadata from the header alone."""
     path = Path(path)
     with open_reader(path) as reader:
-        tensors = [InfoTensor(t.name, list(t.shape), dtype_name(t.dtype), t.nbytes, dict(t.attrs), t.refused)
+        tensors = [InfoTensor(t.name, list(t.shape), t.dtype_label or dtype_name(t.dtype), t.nbytes, dict(t.attrs),
+                              t.refused)
                    for t in reader.tensors.values()]
         others = [OtherReport(o.name, o.kind, o.reason, None if o.shape is None else list(o.shape), o.dtype)
                   for o in reader.others]

@@ -67,6 +67,7 @@ class TensorInfo:
     numeric: bool = True
     attrs: Mapping[str, Any] = field(default_factory=dict, compare=False)
     refused: str | None = field(default=None, compare=False)
+    dtype_label: str | None = field(default=None, compare=False)  # shown instead of the dtype (opaque data)
 
     @property
     def size(self) -> int:

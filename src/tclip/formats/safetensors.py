@@ -140,7 +140,12 @@ class SafetensorsReader(TensorReader):
             if begin > position:
                 raise FormatError(f"tensor {name!r}: {begin - position} bytes before it belong to no tensor", path)
             position = end
-            self.tensors[name] = TensorInfo(name, shape, dtype, attrs=_NO_ATTRS)
+            code = header[name][0]
+            if code in DTYPES:
+                self.tensors[name] = TensorInfo(name, shape, dtype, attrs=_NO_ATTRS)
+            else:
+                self.tensors[name] = TensorInfo(name, shape, dtype, numeric=False, attrs=_NO_ATTRS,
+                                                dtype_label=f"{code} {header[name][1]} (not supported)")
             self.offsets[name] = self.data_start + begin
         if position != data_size:
             raise FormatError(f"the data is {data_size} bytes but the tensors cover {position}", path)
@@ -150,11 +155,25 @@ class SafetensorsReader(TensorReader):
         if not isinstance(entry, _Entry):
             raise FormatError(f"tensor {name!r}: expected dtype, shape and data_offsets", path)
         code, shape, offsets = entry
-        if not isinstance(code, str) or code not in DTYPES:
-            raise FormatError(f"tensor {name!r}: unknown dtype {code!r}", path)
+        if not isinstance(code, str) or not code or len(code) > 32 or not code.isprintable():
+            raise FormatError(f"tensor {name!r}: invalid dtype {str(code)[:40]!r}", path)
         if not isinstance(shape, list):
             raise FormatError(f"tensor {name!r}: invalid shape {shape!r}", path)
+        if code not in DTYPES:
+            # A dtype of a newer spec (F4, F6_E2M3, ...): its bits are carried unchanged, never read.
+            checked_size(tuple(shape), 1, path, name)
+            begin, end = self._offsets(name, offsets, data_size)
+            return np.dtype(f"V{max(end - begin, 1)}") if end > begin else np.dtype("V1"), \
+                (() if end > begin else (0,)), begin, end
         nbytes = checked_size(tuple(shape), DTYPES[code].itemsize, path, name)
+        begin, end = self._offsets(name, offsets, data_size)
+        if end - begin != nbytes:
+            raise FormatError(f"tensor {name!r}: shape {shape} of {code} needs {nbytes} bytes, "
+                              f"data_offsets give {end - begin}", path)
+        return DTYPES[code], tuple(shape), begin, end
+
+    def _offsets(self, name: str, offsets: Any, data_size: int) -> tuple[int, int]:
+        path = self.path
         if (not isinstance(offsets, list) or len(offsets) != 2
                 or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)):
             raise FormatError(f"tensor {name!r}: invalid data_offsets {offsets!r}", path)
@@ -164,10 +183,7 @@ class SafetensorsReader(TensorReader):
         if end > data_size:
             raise FormatError(f"tensor {name!r}: data_offsets {offsets!r} run past the end of the data "
                               f"({data_size} bytes); the file is truncated", path)
-        if end - begin != nbytes:
-            raise FormatError(f"tensor {name!r}: shape {shape} of {code} needs {nbytes} bytes, "
-                              f"data_offsets give {end - begin}", path)
-        return DTYPES[code], tuple(shape), begin, end
+        return begin, end
 
     def close(self) -> None:
         self._file.close()
@@ -209,14 +225,18 @@ class SafetensorsWriter(PositionalWriter):
 
     def __init__(self, target: Path, tensors: list[TensorInfo], output: AtomicOutput,
                  like: TensorReader | None = None, metadata: dict[str, str] | None = None, **_: Any) -> None:
-        little = [TensorInfo(t.name, t.shape, self._little_endian(t, target), numeric=t.numeric) for t in tensors]
-        super().__init__(target, little, output)
-        if isinstance(like, SafetensorsReader) and len(like.tensors) == len(little) and metadata is None \
-                and all(like.tensors.get(t.name) == t for t in little):
-            header = like.header_bytes  # byte-identical rewrite of a canonical file
+        if isinstance(like, SafetensorsReader) and len(like.tensors) == len(tensors) and metadata is None \
+                and all(like.tensors.get(t.name) == t for t in tensors):
+            # A byte-identical rewrite of the source's header (every dtype it holds, even ones
+            # tclip cannot read, which are then copied byte for byte).
+            super().__init__(target, tensors, output)
+            little = list(tensors)
+            header = like.header_bytes
             for t in little:
                 self.offsets[t.name] = like.offsets[t.name]
         else:
+            little = [TensorInfo(t.name, t.shape, self._little_endian(t, target), numeric=t.numeric) for t in tensors]
+            super().__init__(target, little, output)
             header = self._header(little, metadata if metadata is not None else {})
             position = len(header)
             for t in little:
