@@ -14,6 +14,8 @@ would save it, and holds something worth seeing in `tclip report`:
 
 from __future__ import annotations
 
+import json
+import struct
 from pathlib import Path
 
 import h5py
@@ -55,7 +57,18 @@ def make_safetensors() -> None:
     specs = {k: TensorSpec(dtype=v.dtype.name, shape=list(v.shape), data_ptr=v.ctypes.data, data_len=v.nbytes)
              for k, v in arrays.items()}
     metadata = {"format": "pt", "step": "41200", "run": "llama-tiny-7"}
-    (HERE / "grads.safetensors").write_bytes(bytes(serialize(specs, metadata=metadata)))
+    (HERE / "grads.safetensors").write_bytes(_sorted_metadata(bytes(serialize(specs, metadata=metadata))))
+
+
+def _sorted_metadata(data: bytes) -> bytes:
+    """The library writes ``__metadata__`` in a hash map's order, which changes from run to run;
+    sort it (same JSON length, same data) so the file is the same every time."""
+    (length,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + length])
+    header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+    text = json.dumps(header, separators=(",", ":")).encode()
+    assert len(text) <= length
+    return data[:8] + text + b" " * (length - len(text)) + data[8 + length:]
 
 
 def make_h5() -> None:

@@ -134,11 +134,14 @@ def test_rendered_report_in_a_fixed_width_console(tmp_path):
     lines = text.splitlines()
     assert lines[0] == f"{source} → {tmp_path / 'g.clipped.npz'}"  # paths are never folded
     assert all(len(line) <= 100 for line in lines[1:])
-    # Issue 8: the bar gives way before the name, and a shortened name keeps what tells it apart.
+    # Issue 8: a name is shown whole when other columns can give way (the bar first) ...
     row = next(line for line in lines if line.startswith("model."))
-    shown_name = row.split()[0]
+    assert row.split()[0] == long_name and "40" in row and "×0.125" in row and "█" not in row
+    # ... and when it must be shortened, what tells it apart stays.
+    narrow_row = next(line for line in render(clip_file(source, NormClip(5.0), ClipOptions(dry_run=True)),
+                                               width=60).splitlines() if line.startswith("model."))
+    shown_name = narrow_row.split()[0]
     assert "…" in shown_name and "layers.11" in shown_name and shown_name.endswith("query_key_value.weight")
-    assert "4×4" in row and "40" in row and "×0.125" in row
     assert "global norm 40 → 5" in text
     assert "1 clipped  ·  0 skipped" in text
     wide = render(clip_file(source, NormClip(5.0), ClipOptions(overwrite=True)), width=160)

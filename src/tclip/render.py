@@ -345,24 +345,34 @@ def lay_out(names: list[str], columns: list[Column], width: int | None, symbols:
         return sum(widths) + GAP * (len(widths) - 1)
 
     name_width = full
-    if width is not None:
+    if width is not None and total(name_width) > width:
+        # Other columns give way before the name: the bar shrinks, then goes; dtypes are
+        # abbreviated; then the least important columns go; only then is the name shortened.
         while total(name_width) > width and bar_width > MIN_BAR_WIDTH:
             bar_width -= 1
-        if total(name_width) > width and bar_width:
+        if total(name_width) > width:
             bar_width = 0
         for c in cols:
             if total(name_width) > width and c.short_cells is not None:
                 use_short.add(c.key)
-        if total(name_width) > width:
-            name_width = max(MIN_NAME_WIDTH + 4, min(full, name_width - (total(name_width) - width)))
+        dropped = []
         for c in sorted([c for c in cols if c.drop is not None], key=lambda c: c.drop):  # type: ignore[arg-type,return-value]
             if total(name_width) <= width:
                 break
             cols.remove(c)
-            name_width = min(full, max(name_width, name_width + (width - total(name_width))))
+            dropped.append(c)
         if total(name_width) > width:
             name_width = max(MIN_NAME_WIDTH, name_width - (total(name_width) - width))
-        name_width = min(full, max(name_width, width - (total(name_width) - name_width)))
+        else:
+            for c in reversed(dropped):  # a column dropped too eagerly comes back if it fits
+                position = columns.index(c)
+                cols.insert(sum(1 for x in cols if columns.index(x) < position), c)
+                if total(name_width) > width:
+                    cols.remove(c)
+        if bar is not None and not bar_width and name_width == full:
+            room = width - total(name_width) - GAP
+            if room >= max(MIN_BAR_WIDTH, len(bar_header)):
+                bar_width = min(BAR_WIDTH, room)
     shown = shorten_names(names, name_width if name_width < full else None, symbols.ellipsis)
     name_width = max([len(name_header)] + [len(s) for s in shown.values()])
     bar_cells = bar(bar_width) if bar is not None and bar_width else None
@@ -473,8 +483,9 @@ def file_lines(report: FileReport, width: int | None, symbols: Symbols = UNICODE
         texts = fmt_column([v if m else None for v, m in zip(values, measured)], dash)
         return [Text(x if m else "", style=None) for x, m in zip(texts, measured)]
 
-    columns = [Column("shape", "shape", shapes, drop=3),
-               Column("dtype", "dtype", [Text(t.dtype) for t in tensors], drop=5,
+    reading_order = report.mode == "report"
+    columns = [Column("shape", "shape", shapes, drop=3 if reading_order else 1),
+               Column("dtype", "dtype", [Text(t.dtype) for t in tensors], drop=5 if reading_order else 2,
                       short_cells=[Text(short_dtype(t.dtype)) for t in tensors])]
     if reading:
         label = {"2": "L2 norm", "1": "L1 norm", "inf": "max |x|"}.get(report.ord, "norm")
@@ -512,10 +523,10 @@ def file_lines(report: FileReport, width: int | None, symbols: Symbols = UNICODE
                 cell.append("skipped", style="dim")
         columns.append(Column("before", "max slice" if slice_mode else "average" if report.mode == "average"
                               else "norm", first, "right"))
-        columns.append(Column("after", "after", numbers(after), "right", drop=2))
+        columns.append(Column("after", "after", numbers(after), "right", drop=3))
         columns.append(Column("scale", "changed" if report.mode == "value" else "scale",
                               [_scale_text(t, report, symbols) if m else Text("") for t, m in zip(tensors, measured)],
-                              "right", drop=1))
+                              "right", drop=4))
     nonfinite = [Text(f"{t.nan}/{t.inf}", style="bold magenta") if t.nonfinite else
                  Text("0" if m else "", style="dim") for t, m in zip(tensors, measured)]
     columns.append(Column("nonfinite", "NaN/Inf", nonfinite, "right"))

@@ -88,6 +88,15 @@ def _natural(text: str) -> list[Any]:
 # --------------------------------------------------------------------------- output
 
 
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        # Nobody reads any more (`| head`): stop quietly, as a process killed by SIGPIPE would.
+        from ._entry import EXIT_BROKEN_PIPE, _quiet_stdout
+
+        _quiet_stdout()
+        raise SystemExit(EXIT_BROKEN_PIPE)
+
+
 def make_console(stderr: bool, color: str) -> tuple[Console, int | None]:
     """A console and the width tables fit into (None: not a terminal, never cut)."""
     stream = sys.stderr if stderr else sys.stdout
@@ -102,7 +111,7 @@ def make_console(stderr: bool, color: str) -> tuple[Console, int | None]:
         kwargs["force_terminal"] = True
     if not tty:
         kwargs["width"] = UNLIMITED
-    console = Console(**kwargs)
+    console = _Console(**kwargs)
     return console, (console.width if tty else None)
 
 
