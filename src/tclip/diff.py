@@ -148,7 +148,7 @@ class DiffReport:
             "tensors_compared": self.count("compared"),
             "tensors_differing": sum(t.differs for t in self.tensors),
             "only_in_a": [t.name for t in self.tensors if t.status == "only in A"],
-            "only_in_b": [t.name_b or t.name for t in self.tensors if t.status == "only in B"],
+            "only_in_b": [t.name for t in self.tensors if t.status == "only in B"],
             "shape_differs": [t.name for t in self.tensors if t.status == "shape differs"],
             "global_diff_norm": self.global_diff_norm,
             "global_norm_a": self.global_norm_a,
@@ -277,7 +277,7 @@ def diff_files(a: Path | str, b: Path | str, *, rtol: float = 0.0, atol: float =
             if not selection.matches(new):
                 continue
             info_a = reader_a.tensors[old]
-            entry = TensorDiff(new, None, list(info_a.shape), None, dtype_name(info_a.dtype))
+            entry = TensorDiff(old, new if new != old else None, list(info_a.shape), None, dtype_name(info_a.dtype))
             if new not in reader_b.tensors:
                 entry.status = "only in A"
                 report.tensors.append(entry)
@@ -285,8 +285,6 @@ def diff_files(a: Path | str, b: Path | str, *, rtol: float = 0.0, atol: float =
             names_b.discard(new)
             info_b = reader_b.tensors[new]
             entry.shape_b, entry.dtype_b = list(info_b.shape), dtype_name(info_b.dtype)
-            if new != old:
-                entry.name_b, entry.name = new, old
             if tuple(info_a.shape) != tuple(info_b.shape):
                 entry.status = "shape differs"
             elif not (_comparable(info_a) and _comparable(info_b)):
