@@ -34,7 +34,7 @@ import math
 import os
 import time
 from collections.abc import Callable
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor, as_completed, wait
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -347,17 +347,23 @@ def clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_addres
 def _rewrite_all(engine: Engine, calls: list, order: list[Path], journal: Path | None) -> list[RewriteResult]:
     if journal is None:
         return engine.map(rewrite_task, calls)
-    results = []
-    futures = [engine.executor.submit(rewrite_task, *args, **kwargs) for args, kwargs in calls]
+    # In place: every shard that is replaced is written down in the journal as soon as it
+    # is, even when the run stops (an error, Ctrl-C) while other shards are being written.
+    futures = {engine.executor.submit(rewrite_task, *args, **kwargs): file for (args, kwargs), file in zip(calls, order)}
+    results: dict[Path, RewriteResult] = {}
     try:
-        for file, future in zip(order, futures):
-            results.append(future.result())
-            _journal_done(journal, file)
+        for future in as_completed(futures):
+            results[futures[future]] = future.result()
+            _journal_done(journal, futures[future])
     except BaseException:
-        for f in futures:
-            f.cancel()
+        for future in futures:
+            future.cancel()
+        wait(list(futures))
+        for future, file in futures.items():
+            if file not in results and future.done() and not future.cancelled() and future.exception() is None:
+                _journal_done(journal, file)
         raise
-    return results
+    return [results[f] for f in order]
 
 
 def _set_report(tensor_set: TensorSet, stats: list[FileStats], mode: Any) -> FileReport:

@@ -1,0 +1,252 @@
+"""One tensor set across many files: sharded checkpoints, --across-files, local parallel, Dask (issue 10)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from formats_helpers import read_all, safetensors_bytes
+
+from tclip import tensorset
+from tclip.cli import cli
+from tclip.errors import TclipError
+from tclip.pipeline import ClipOptions, clip_file
+from tclip.plan import GlobalNormClip, NormClip
+from tclip.tensorset import TensorSet, clip_set, load_index
+
+RNG = np.random.default_rng(33)
+TENSORS = {f"model.layers.{i}.mlp.{p}.weight": (RNG.standard_normal((48, 40)) * (i + 1)).astype(np.float32)
+           for i in range(6) for p in ("up", "down")}
+TENSORS["model.embed_tokens.weight"] = RNG.standard_normal((100, 40)).astype(np.float32)
+TENSORS["lm_head.weight"] = RNG.standard_normal((100, 40)).astype(np.float32)
+
+
+def run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def sharded(folder: Path, tensors=TENSORS, shards: int = 3, total_size: int = 12345) -> Path:
+    """A checkpoint laid out as transformers' save_pretrained writes one: shards and an index."""
+    folder.mkdir(parents=True, exist_ok=True)
+    names = list(tensors)
+    weight_map = {}
+    for s in range(shards):
+        part = names[s::shards]
+        shard = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        (folder / shard).write_bytes(safetensors_bytes({n: tensors[n] for n in part}, metadata={"format": "pt"}))
+        weight_map.update({n: shard for n in part})
+    index = folder / "model.safetensors.index.json"
+    index.write_text(json.dumps({"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))},
+                                indent=2))
+    return index
+
+
+def single(folder: Path, tensors=TENSORS) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "all.safetensors"
+    path.write_bytes(safetensors_bytes(tensors))
+    return path
+
+
+def all_tensors(folder: Path) -> dict[str, np.ndarray]:
+    out = {}
+    for shard in sorted(folder.glob("model-*.safetensors")):
+        out.update(read_all(shard))
+    return out
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_index_global_clip_equals_the_single_file_to_the_last_bit(tmp_path, threads):
+    index = sharded(tmp_path / "ckpt")
+    result = run("global", "--clip", "1", "--threads", threads, "--out-dir", tmp_path / "out", index)
+    assert result.exit_code == 0, result.stderr
+    reference = clip_file(single(tmp_path / "one"), GlobalNormClip(1.0))
+    got = all_tensors(tmp_path / "out")
+    want = read_all(tmp_path / "one" / "all.clipped.safetensors")
+    assert set(got) == set(want)
+    assert all(got[n].tobytes() == want[n].tobytes() for n in want)
+    data = json.loads((tmp_path / "out" / "model.safetensors.index.json").read_text())
+    assert data["metadata"]["total_size"] == sum(t.nbytes for t in TENSORS.values())  # recomputed, not copied
+    assert data["weight_map"] == json.loads(index.read_text())["weight_map"]
+    summary = json.loads(run("global", "--clip", "1", "--dry-run", "--json", index).stdout)
+    assert summary["global_norm"] == reference.global_norm
+    from safetensors.numpy import load_file
+
+    for shard in (tmp_path / "out").glob("model-*.safetensors"):
+        assert set(load_file(str(shard))) <= set(TENSORS)  # the safetensors library reads every shard
+
+
+def test_a_directory_holding_an_index_is_the_set(tmp_path):
+    sharded(tmp_path / "ckpt")
+    result = run("report", "--json", tmp_path / "ckpt")
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert len(data["tensors"]) == len(TENSORS) and len(data["files"]) == 3
+
+
+def test_per_tensor_modes_and_report_over_an_index(tmp_path):
+    index = sharded(tmp_path / "ckpt")
+    assert run("norm", "--clip", "5", "--axes", "1", "--out-dir", tmp_path / "out", index).exit_code == 0
+    got = all_tensors(tmp_path / "out")
+    import tclip
+
+    for name, array in TENSORS.items():
+        assert got[name].tobytes() == tclip.clip_by_norm(array, 5.0, axes=1).tobytes()
+    report = json.loads(run("report", "--json", index).stdout)
+    one = json.loads(run("report", "--json", single(tmp_path / "one")).stdout)
+    assert report["global_norm"] == one["global_norm"]
+    info = run("info", index)
+    assert info.exit_code == 0 and "model.layers.5.mlp.down.weight" in info.stdout and "shards" in info.stdout
+
+
+def test_an_index_needs_an_output_folder_or_in_place(tmp_path):
+    index = sharded(tmp_path / "ckpt")
+    result = run("global", "--clip", "1", index)
+    assert result.exit_code == 1 and "needs --out-dir" in result.stderr
+
+
+def test_index_errors_name_tensor_and_files(tmp_path):
+    index = sharded(tmp_path / "ckpt")
+    data = json.loads(index.read_text())
+    data["weight_map"]["ghost.weight"] = "model-00002-of-00003.safetensors"
+    index.write_text(json.dumps(data))
+    result = run("report", index)
+    assert result.exit_code == 1
+    assert "maps tensor 'ghost.weight' to model-00002-of-00003.safetensors, which does not hold it" in result.stderr
+    twice = tmp_path / "twice"
+    index = sharded(twice)
+    first = twice / "model-00001-of-00003.safetensors"
+    extra = read_all(first)
+    extra["lm_head.weight"] = TENSORS["lm_head.weight"]
+    first.write_bytes(safetensors_bytes(extra))
+    result = run("report", index)
+    assert result.exit_code == 1 and "tensor 'lm_head.weight' is in two files" in result.stderr
+    data = json.loads(index.read_text())
+    data["weight_map"]["lm_head.weight"] = "../elsewhere.safetensors"
+    index.write_text(json.dumps(data))
+    with pytest.raises(TclipError, match="outside the index's folder"):
+        load_index(index)
+
+
+def test_across_files_of_mixed_formats(tmp_path):
+    names = list(TENSORS)
+    np.savez(tmp_path / "stage0.npz", **{n: TENSORS[n] for n in names[:5]})
+    (tmp_path / "stage1.safetensors").write_bytes(safetensors_bytes({n: TENSORS[n] for n in names[5:10]}))
+    with h5py.File(tmp_path / "stage2.h5", "w") as f:
+        for n in names[10:]:
+            f.create_dataset(n, data=TENSORS[n])
+    files = [tmp_path / "stage0.npz", tmp_path / "stage1.safetensors", tmp_path / "stage2.h5"]
+    result = run("global", "--clip", "1", "--across-files", *files)
+    assert result.exit_code == 0, result.stderr
+    got = {}
+    for f in ("stage0.clipped.npz", "stage1.clipped.safetensors", "stage2.clipped.h5"):
+        got.update(read_all(tmp_path / f))
+    clip_file(single(tmp_path / "one"), GlobalNormClip(1.0))
+    want = read_all(tmp_path / "one" / "all.clipped.safetensors")
+    assert all(got[n].tobytes() == want[n].tobytes() for n in want)
+    np.savez(tmp_path / "dup.npz", **{names[0]: TENSORS[names[0]]})
+    result = run("global", "--clip", "1", "--across-files", "--dry-run", files[0], tmp_path / "dup.npz")
+    assert result.exit_code == 1 and f"tensor {names[0]!r} is in two files" in result.stderr
+    assert "stage0.npz" in result.stderr and "dup.npz" in result.stderr
+
+
+def test_in_place_marks_the_index_and_resumes_after_a_crash(tmp_path, monkeypatch):
+    index = sharded(tmp_path / "ckpt")
+    clean = sharded(tmp_path / "clean")
+    clip_set(TensorSet(str(clean), [], clean), GlobalNormClip(1.0), ClipOptions(in_place=True))
+    real = tensorset.rewrite_task
+    calls = []
+
+    def crash_on_second(*args, **kwargs):
+        calls.append(args[0])
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # the run dies here
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tensorset, "rewrite_task", crash_on_second)
+    with pytest.raises(KeyboardInterrupt):
+        clip_set(TensorSet(str(index), [], index), GlobalNormClip(1.0), ClipOptions(in_place=True, threads=1))
+    journal = index.with_name(index.name + ".tclip-journal")
+    assert journal.exists()
+    assert "tclip_in_progress" in json.loads(index.read_text())["metadata"]  # the index says so
+    monkeypatch.setattr(tensorset, "rewrite_task", real)
+    report = clip_set(TensorSet(str(index), [], index), GlobalNormClip(1.0), ClipOptions(in_place=True))
+    assert any("resumed an unfinished run" in w for w in report.warnings)
+    assert not journal.exists()
+    assert "tclip_in_progress" not in json.loads(index.read_text())["metadata"]
+    for shard in sorted((tmp_path / "ckpt").glob("model-*.safetensors")):
+        assert shard.read_bytes() == (tmp_path / "clean" / shard.name).read_bytes()
+    assert not list((tmp_path / "ckpt").glob("*.tclip-tmp"))
+
+
+def test_a_journal_of_other_parameters_is_refused(tmp_path, monkeypatch):
+    index = sharded(tmp_path / "ckpt")
+
+    def crash(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tensorset, "rewrite_task", crash)
+    with pytest.raises(KeyboardInterrupt):
+        clip_set(TensorSet(str(index), [], index), GlobalNormClip(1.0), ClipOptions(in_place=True))
+    monkeypatch.undo()
+    result = run("global", "--clip", "2", "--in-place", index)
+    assert result.exit_code == 1 and "an unfinished global run with other parameters" in result.stderr
+
+
+# ------------------------------------------------------------------ Dask
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    distributed = pytest.importorskip("dask.distributed")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                  dashboard_address=None, silence_logs=50) as local:
+        with distributed.Client(local) as client:
+            yield local, client
+
+
+def test_the_cli_on_a_dask_cluster_gives_the_same_bytes(tmp_path, cluster):
+    local, _ = cluster
+    index = sharded(tmp_path / "ckpt")
+    result = subprocess.run([sys.executable, "-m", "tclip", "global", "--clip", "1", "--dask",
+                             local.scheduler_address, "--out-dir", str(tmp_path / "out"), str(index)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    reference = sharded(tmp_path / "ref")
+    run("global", "--clip", "1", "--threads", "1", "--out-dir", tmp_path / "refout", reference)
+    for shard in (tmp_path / "refout").glob("*.safetensors"):
+        assert (tmp_path / "out" / shard.name).read_bytes() == shard.read_bytes()
+
+
+def test_a_worker_killed_mid_run_leaves_every_shard_old_or_new(tmp_path, cluster):
+    local, client = cluster
+    big = {f"layers.{i}.w": (RNG.standard_normal((1024, 1024)) * (i + 1)).astype(np.float32) for i in range(8)}
+    index = sharded(tmp_path / "ckpt", big, shards=8)
+    originals = {p.name: p.read_bytes() for p in (tmp_path / "ckpt").glob("*.safetensors")}
+    process = subprocess.Popen([sys.executable, "-m", "tclip", "global", "--clip", "1", "--dask",
+                                local.scheduler_address, "--in-place", str(index)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.5)
+    pids = client.run(os.getpid)
+    os.kill(next(iter(pids.values())), signal.SIGKILL)
+    out, err = process.communicate(timeout=300)
+    assert process.returncode in (0, 1), err
+    assert "Traceback" not in err
+    reference = sharded(tmp_path / "ref", big, shards=8)
+    run("global", "--clip", "1", "--threads", "1", "--out-dir", tmp_path / "refout", reference)
+    for shard in (tmp_path / "ckpt").glob("model-*.safetensors"):
+        data = shard.read_bytes()
+        new = (tmp_path / "refout" / shard.name).read_bytes()
+        assert data in (originals[shard.name], new)  # never half-written
+        if process.returncode == 0:
+            assert data == new
+    client.wait_for_workers(1)
