@@ -50,6 +50,7 @@ from .base import (
     TensorWriter,
     copy_except,
     copy_range,
+    flat_rectangles,
     layout_blocks,
     pwrite_all,
 )
@@ -61,6 +62,8 @@ _H5_ERRORS = (OSError, ValueError, RuntimeError, KeyError, TypeError, AttributeE
 # (compression of a constant, or chunks never written, read as the fill value).
 BOMB_FLOOR_BYTES = 4 << 30
 BOMB_RATIO = 4096
+# Rewriting a dataset of more chunks than this is refused (HDF5 spends microseconds per chunk).
+MAX_REWRITTEN_CHUNKS = 1 << 22
 # Attributes larger than this are described, not read (a crafted attribute can
 # claim a dataspace of 2**60 elements).
 ATTRIBUTE_LIMIT_BYTES = 1 << 20
@@ -220,6 +223,7 @@ class Hdf5Reader(TensorReader):
         self._raw_fd = -1
         self._regions: dict[str, int] = {}
         self._align: dict[str, int] = {}
+        self._sparse: dict[str, dict[int, list[tuple[int, ...]]] | None] = {}
         self.contiguous_raw: dict[str, tuple[int, int]] = {}  # name -> (offset, nbytes) of raw data
         try:
             self.metadata = attributes(self.file)
@@ -273,6 +277,13 @@ class Hdf5Reader(TensorReader):
                 self.contiguous_raw[name] = (offset, info.nbytes)
         elif dataset.chunks is not None and len(info.shape) >= 1:
             self._align[name] = dataset.chunks[0] * math.prod(info.shape[1:])
+            logical = math.prod(-(-n // c) for n, c in zip(info.shape, dataset.chunks))
+            allocated = dataset.id.get_num_chunks()
+            if logical > 64 and allocated * 2 < logical:
+                # Mostly chunks never written: HDF5 would make up each one's fill values
+                # one at a time (12 s per million measured); tclip fills them itself and
+                # reads only the chunks the file holds.
+                self._sparse[name] = None
 
     def _bomb(self, dataset: h5py.Dataset) -> str | None:
         logical = math.prod(dataset.shape) * dataset.dtype.itemsize
@@ -306,6 +317,55 @@ class Hdf5Reader(TensorReader):
 
     def align(self, name: str) -> int:
         return self._align.get(name, 0)
+
+    def read_flat(self, name: str, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
+        if name not in self._sparse:
+            return super().read_flat(name, start, stop, out)
+        info = self.tensors[name]
+        with self._lock:
+            dataset = self.file[name]
+            by_row = self._sparse[name]
+            if by_row is None:
+                by_row = self._sparse[name] = self._allocated_chunks(dataset)
+            count = stop - start
+            if out is not None and out.size >= count * info.dtype.itemsize:
+                result = out[: count * info.dtype.itemsize].view(info.dtype)
+            else:
+                result = np.empty(count, info.dtype)
+            fill = dataset.fillvalue
+            result[...] = fill if fill is not None else 0
+            chunks = dataset.chunks
+            position = 0
+            for rect in flat_rectangles(info.shape, start, stop):
+                extent = tuple(s.stop - s.start for s in rect)
+                size = math.prod(extent)
+                view = result[position:position + size].reshape(extent)
+                position += size
+                first_row, last_row = rect[0].start // chunks[0], (rect[0].stop - 1) // chunks[0]
+                for row in range(first_row, last_row + 1):
+                    for corner in by_row.get(row, ()):
+                        overlap = []
+                        for s, c, n in zip(rect, corner, chunks):
+                            lo, hi = max(s.start, c), min(s.stop, c + n)
+                            if lo >= hi:
+                                break
+                            overlap.append((lo, hi))
+                        else:
+                            try:
+                                data = dataset[tuple(slice(lo, hi) for lo, hi in overlap)]
+                            except _H5_ERRORS as error:
+                                raise FormatError(f"tensor {name!r} cannot be read ({_filter_message(error)})",
+                                                  self.path) from None
+                            view[tuple(slice(lo - s.start, hi - s.start) for (lo, hi), s in zip(overlap, rect))] = data
+        return result
+
+    @staticmethod
+    def _allocated_chunks(dataset: h5py.Dataset) -> dict[int, list[tuple[int, ...]]]:
+        by_row: dict[int, list[tuple[int, ...]]] = {}
+        for i in range(dataset.id.get_num_chunks()):
+            corner = tuple(dataset.id.get_chunk_info(i).chunk_offset)
+            by_row.setdefault(corner[0] // dataset.chunks[0], []).append(corner)
+        return by_row
 
     def blocks(self, name: str, max_bytes: int = 8 << 20) -> Any:
         dataset = self.file[name]
@@ -426,6 +486,15 @@ class Hdf5Writer(TensorWriter):
             raise
 
     def _start_from_copy(self, like: Hdf5Reader) -> None:
+        for name in self.rewritten:
+            dataset = like.file[name]
+            if dataset.chunks is not None:
+                count = math.prod(-(-n // c) for n, c in zip(dataset.shape, dataset.chunks))
+                if count > MAX_REWRITTEN_CHUNKS:
+                    raise UnsupportedError(f"tensor {name!r} is split into {count:,} chunks of "
+                                           f"{math.prod(dataset.chunks) * dataset.dtype.itemsize} bytes; rewriting so "
+                                           "many chunks is refused (rechunk it first, e.g. with h5repack -l)",
+                                           like.path)
         holes = {name: like.contiguous_raw[name] for name in self.rewritten if name in like.contiguous_raw}
         source_fd = os.open(like.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         try:
