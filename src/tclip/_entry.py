@@ -17,7 +17,10 @@ EXIT_BROKEN_PIPE = 141  # as a process killed by SIGPIPE
 
 
 class Terminated(BaseException):
-    """SIGTERM or SIGHUP arrived: unwind (removing temporary files) and exit."""
+    """SIGINT, SIGTERM or SIGHUP arrived: unwind (removing temporary files) and exit.
+
+    Not KeyboardInterrupt: click would catch that and print a stray blank line.
+    """
 
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
@@ -49,7 +52,7 @@ def main() -> None:
     """Console entry point."""
     code = 0
     try:
-        for name in ("SIGTERM", "SIGHUP"):
+        for name in ("SIGINT", "SIGTERM", "SIGHUP"):
             if hasattr(signal, name):
                 signal.signal(getattr(signal, name), _raise_terminated)
         for stream in (sys.stdout, sys.stderr):
@@ -67,8 +70,10 @@ def main() -> None:
         code = EXIT_INTERRUPTED
     except Terminated as stop:
         _remove_live_temps()
-        name = signal.Signals(stop.signum).name
-        _say(f"Error: terminated by {name}; unfinished outputs were removed")
+        if stop.signum == signal.SIGINT:
+            _say("Error: interrupted; unfinished outputs were removed")
+        else:
+            _say(f"Error: terminated by {signal.Signals(stop.signum).name}; unfinished outputs were removed")
         code = 128 + stop.signum
     except BrokenPipeError:
         _quiet_stdout()
@@ -86,6 +91,11 @@ def main() -> None:
         code = code or EXIT_BROKEN_PIPE
     except (OSError, ValueError):
         pass
+    # The work is over: a signal arriving while the interpreter shuts down (when Python
+    # puts the default handlers back) must not turn a finished run into a killed one.
+    for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
     sys.exit(code)
 
 

@@ -484,8 +484,9 @@ def carried_loss(reader: TensorReader, target: Path) -> list[str]:
     lost += [f"{t.name} ({t.dtype} is not numeric)" for t in reader.tensors.values() if not t.numeric]
     if reader.format_name == "hdf5":
         with_attrs = [t.name for t in reader.tensors.values() if t.attrs]
+        with_attrs += list(getattr(reader, "group_attributes", {}))
         if with_attrs:
-            lost.append(f"the attributes of {len(with_attrs)} dataset(s) ({', '.join(with_attrs[:3])}"
+            lost.append(f"the attributes of {len(with_attrs)} dataset(s) or group(s) ({', '.join(with_attrs[:3])}"
                         f"{' ...' if len(with_attrs) > 3 else ''})")
     if reader.metadata and kind in ("npy", "npz"):
         lost.append(f"the file's metadata ({len(reader.metadata)} entries)")

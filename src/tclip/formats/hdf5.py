@@ -225,6 +225,7 @@ class Hdf5Reader(TensorReader):
         self._align: dict[str, int] = {}
         self._sparse: dict[str, dict[int, list[tuple[int, ...]]] | None] = {}
         self.contiguous_raw: dict[str, tuple[int, int]] = {}  # name -> (offset, nbytes) of raw data
+        self.group_attributes: dict[str, dict[str, Any]] = {}  # groups (not the root) that have attributes
         try:
             self.metadata = attributes(self.file)
             self._walk(self.file, set())
@@ -249,6 +250,8 @@ class Hdf5Reader(TensorReader):
                 continue
             seen.add(obj.id)
             if isinstance(obj, h5py.Group):
+                if len(obj.attrs):
+                    self.group_attributes[obj.name.lstrip("/")] = attributes(obj)
                 self._walk(obj, seen)
             elif isinstance(obj, h5py.Dataset):
                 self._add_dataset(obj)
