@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import tclip
 from tclip.engine import Budget
-from tclip.kernels import clip_unit, reduce_unit, scale_unit
+from tclip.kernels import Scratch, clip_unit, reduce_unit, scale_unit
 from tclip.pipeline import ClipOptions, clip_file, file_statistics, report_file
 from tclip.plan import AverageNormClip, GlobalNormClip, NormClip, ValueClip, apply_scale, clip_values
 from tclip.stats import ExactSum, TensorStats
@@ -43,10 +43,12 @@ def random_values(dtype, n, seed, spread=30):
 def test_scale_kernel_equals_apply_scale(dtype, factor):
     x = random_values(dtype, 5000, seed=1)
     fast = x.copy()
-    scale_unit(fast, factor, np.empty(5000))
+    wide = scale_unit(fast, factor, Scratch(5000))
     reference = apply_scale(x, factor)
     assert fast.dtype == reference.dtype
     assert fast.tobytes() == reference.tobytes()
+    if wide is not None:  # the float64 values handed to the after-statistics are those written
+        assert wide.tobytes() == fast.astype(np.float64).tobytes()
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: np.dtype(d).name)
@@ -63,7 +65,8 @@ def test_value_kernel_equals_clip_values(dtype):
     x = random_values(dtype, 4000, seed=4, spread=6)
     lo, hi = np.array(-1.5, dtype), np.array(2.25, dtype)
     fast = x.copy()
-    changed = clip_unit(fast, float(lo), float(hi))
+    changed, wide = clip_unit(fast, float(lo), float(hi))
+    assert wide.tobytes() == fast.astype(np.float64).tobytes()
     reference = clip_values(x, lo, hi)
     assert fast.tobytes() == reference.tobytes()
     assert changed == int(np.count_nonzero(reference.astype(np.float64) != x.astype(np.float64)))
@@ -192,9 +195,9 @@ def test_file_pipeline_equals_the_core_for_a_tensor_larger_than_many_units(tmp_p
 def test_memory_budget_sizes_blocks_and_threads():
     threads, inflight, block = Budget(memory=256 << 20, threads=16).layout(4)
     assert threads == 16 and inflight == 18
-    assert inflight * block + threads * UNIT_ELEMENTS * 8 <= 256 << 20
+    assert inflight * block + threads * UNIT_ELEMENTS * Scratch.BYTES_PER_ELEMENT <= 256 << 20
     threads, inflight, block = Budget(memory=16 << 20, threads=64).layout(8)
-    assert inflight * block + threads * UNIT_ELEMENTS * 8 <= 16 << 20
+    assert inflight * block + threads * UNIT_ELEMENTS * Scratch.BYTES_PER_ELEMENT <= 16 << 20
     assert threads < 64  # fewer threads rather than more memory
 
 
@@ -207,3 +210,24 @@ def test_per_slice_statistics_beyond_the_budget_are_refused(tmp_path):
         clip_file(path, NormClip(1.0, axes=(1,)), ClipOptions(memory=16 << 20, dry_run=True))
     report = clip_file(path, NormClip(1.0, axes=(1,)), ClipOptions(memory=64 << 20, dry_run=True))
     assert report.tensors[0].slices == 600_000
+
+
+def test_float16_conversions_match_numpy_on_every_value_and_midpoint():
+    from tclip.kernels import narrow_into, widen
+
+    every = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
+    wide = widen(every)
+    reference = every.astype(np.float64)
+    same = (wide.view(np.uint64) == reference.view(np.uint64)) | (np.isnan(wide) & np.isnan(reference))
+    assert same.all()
+    values = np.unique(reference[np.isfinite(reference)])
+    middles = (values[:-1] + values[1:]) / 2
+    rng = np.random.default_rng(16)
+    tests = np.concatenate([values, middles, np.nextafter(middles, np.inf), np.nextafter(middles, -np.inf),
+                            *(rng.standard_normal(200_000) * s for s in (1e-9, 3e-8, 6e-5, 1e-3, 1, 3e4)),
+                            [65504.0, 65519.99, 65520.0, 65536.0, 1e300, np.inf, -np.inf, np.nan, -0.0, 1e-300]])
+    out = np.empty(tests.size, np.float16)
+    narrow_into(tests.copy(), out)  # (it may overwrite its input)
+    with np.errstate(over="ignore"):
+        reference = tests.astype(np.float16)
+    assert ((out.view(np.uint16) == reference.view(np.uint16)) | np.isnan(tests)).all()

@@ -32,6 +32,7 @@ from .dtypes import dtype_name, is_bool, is_complex, is_integral
 from .engine import Budget, BlockRunner, Job
 from .errors import TclipError
 from .formats import TensorInfo, TensorReader
+from .kernels import dot
 from .pipeline import Selection
 from .report import SCHEMA_VERSION, json_safe
 from .stats import ExactSum
@@ -172,7 +173,8 @@ def _values(x: np.ndarray) -> np.ndarray:
         return x.astype(np.float64)
 
 
-def _compare_unit(a: np.ndarray, b: np.ndarray, rtol: float, atol: float, exact_ints: bool) -> tuple:
+def _compare_unit(a: np.ndarray, b: np.ndarray, rtol: float, atol: float, exact_ints: bool,
+                  buffer: np.ndarray | None = None) -> tuple:
     """(sum (a-b)², sum a², sum b², sum a·b, max|a-b|, outside, nonfinite mismatches) of one unit."""
     if exact_ints:
         outside = int(np.count_nonzero(a != b)) if rtol == 0 and atol == 0 else -1
@@ -196,10 +198,7 @@ def _compare_unit(a: np.ndarray, b: np.ndarray, rtol: float, atol: float, exact_
             ab = float(np.add.reduce((x * y.conj()).real))
             magnitude = np.abs(d)
         else:
-            dd = float(np.einsum("i,i->", d, d))
-            aa = float(np.einsum("i,i->", x, x))
-            bb = float(np.einsum("i,i->", y, y))
-            ab = float(np.einsum("i,i->", x, y))
+            dd, aa, bb, ab = dot(d, d, buffer), dot(x, x, buffer), dot(y, y, buffer), dot(x, y, buffer)
             magnitude = np.abs(d)
         largest = float(magnitude.max()) if magnitude.size else 0.0
         if outside < 0:
@@ -358,13 +357,14 @@ def _compare_pairs(reader_a: TensorReader, reader_b: TensorReader, pairs: list[t
             results = []
             same_bytes = a.dtype == b.dtype and a.nbytes == b.nbytes and np.array_equal(
                 a.view(np.uint8), b.view(np.uint8))
+            buffer = runner.scratch().work
             for k in range(job.first, job.stop):
                 lo, hi = grid.bounds(k)
                 x, y = a[lo - job.start:hi - job.start], b[lo - job.start:hi - job.start]
                 if same_bytes and not is_complex(x.dtype):
-                    results.append(_identical_unit(x))
+                    results.append(_identical_unit(x, buffer))
                 else:
-                    results.append(_compare_unit(x, y, rtol, atol, exact_ints))
+                    results.append(_compare_unit(x, y, rtol, atol, exact_ints, buffer))
             return results, a.nbytes + b.nbytes
 
         def finish(job: Job, outcome: tuple[list[tuple], int]) -> None:
@@ -402,13 +402,13 @@ def _compare_pairs(reader_a: TensorReader, reader_b: TensorReader, pairs: list[t
             entry.note = f"dtypes differ ({entry.dtype_a} vs {entry.dtype_b}): compared as values"
 
 
-def _identical_unit(x: np.ndarray) -> tuple:
+def _identical_unit(x: np.ndarray, buffer: np.ndarray | None = None) -> tuple:
     """A unit whose bytes are the same on both sides: no difference, one sum of squares."""
     values = _values(x).reshape(-1)
     with np.errstate(invalid="ignore", over="ignore"):
         finite = np.isfinite(values)
         if not finite.all():
             values = values[finite]
-        aa = float(np.einsum("i,i->", values, values))
+        aa = dot(values, values, buffer)
     return 0.0, aa, aa, aa, 0.0, 0, 0
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from .kernels import Scratch
 from .units import UNIT_ELEMENTS
 
 MiB = 1 << 20
@@ -73,7 +74,7 @@ class Budget:
     def layout(self, itemsize: int) -> tuple[int, int, int]:
         """(threads, blocks in flight, block bytes) for tensors of ``itemsize``-byte elements."""
         threads = self.workers
-        scratch = UNIT_ELEMENTS * 8
+        scratch = UNIT_ELEMENTS * Scratch.BYTES_PER_ELEMENT
         unit_bytes = UNIT_ELEMENTS * max(1, itemsize)
         available = self.memory - self.memory // RESERVE_FRACTION * 3
         inflight = threads + 2 if threads > 1 else 1
@@ -111,11 +112,11 @@ class BlockRunner:
         self._local = threading.local()
         self._buffers: list[np.ndarray] = []
 
-    def scratch(self) -> np.ndarray:
-        """This thread's float64 unit buffer."""
+    def scratch(self) -> Scratch:
+        """This thread's unit buffers."""
         buffer = getattr(self._local, "scratch", None)
         if buffer is None:
-            buffer = self._local.scratch = np.empty(UNIT_ELEMENTS, np.float64)
+            buffer = self._local.scratch = Scratch()
         return buffer
 
     def _buffer(self, nbytes: int) -> np.ndarray:

@@ -593,12 +593,13 @@ def _run_rewrite(reader: TensorReader, writer: TensorWriter | None, work: dict[s
                 lo, hi = grid.bounds(k)
                 unit = data[lo - job.start:hi - job.start].reshape(grid.unit_shape(k))
                 if task.bounds is not None:
-                    changed += clip_unit(unit, task.bounds[0], task.bounds[1], scratch)
+                    count, wide = clip_unit(unit, task.bounds[0], task.bounds[1], scratch)
+                    changed += count
                 elif scale is not None:
-                    scale_unit(unit, scale[kept_index(grid.index(k), unit.ndim, storage_axes)], scratch)
+                    wide = scale_unit(unit, scale[kept_index(grid.index(k), unit.ndim, storage_axes)], scratch)
                 else:
-                    scale_unit(unit, float(task.scale), scratch)  # type: ignore[arg-type]
-                results.append(after.reduce(unit, scratch, storage_axes))
+                    wide = scale_unit(unit, float(task.scale), scratch)  # type: ignore[arg-type]
+                results.append(after.reduce(unit, scratch, storage_axes, wide))
             done = False
             if writer is not None and job.name in written and writer.parallel_safe(job.name):
                 writer.write_flat(job.name, job.start, data)

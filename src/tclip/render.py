@@ -17,7 +17,6 @@ Each line is a rich ``Text`` (styles only, no markup is ever parsed).
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Callable, Sequence
@@ -28,6 +27,7 @@ from rich.console import Console
 from rich.text import Text
 
 from .report import FileReport, InfoReport, TensorReport, slice_label
+from .text import fmt_column, fmt_number, natural_key, safe, show_value
 
 NAME_WIDTH = 40
 BAR_WIDTH = 14
@@ -35,34 +35,6 @@ MIN_BAR_WIDTH = 6
 MIN_NAME_WIDTH = 12
 DECADES = 3  # the bar spans 10**-3 .. 10**3 times the threshold
 GAP = 2
-
-
-# --------------------------------------------------------------------------- text from files
-
-
-def safe(text: object) -> str:
-    """``text`` with every non-printable character escaped (``\\x1b``, ``\\n``, lone surrogates...)."""
-    value = str(text)
-    if value.isprintable():
-        return value
-    out = []
-    for c in value:
-        if c.isprintable():
-            out.append(c)
-        else:
-            code = ord(c)
-            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
-    return "".join(out)
-
-
-def show_value(value: Any) -> str:
-    """A metadata or attribute value as text: strings literally, the rest as JSON."""
-    if isinstance(value, str):
-        return safe(value)
-    try:
-        return safe(json.dumps(value, ensure_ascii=False, default=str))
-    except (TypeError, ValueError):
-        return safe(repr(value))
 
 
 # --------------------------------------------------------------------------- symbols
@@ -99,13 +71,7 @@ def symbols_for(console: Console) -> Symbols:
 # --------------------------------------------------------------------------- names
 
 
-_NUMBER_PARTS = re.compile(r"(\d+)")
 _SEGMENTS = re.compile(r"([./:])")
-
-
-def natural_key(name: str) -> list[Any]:
-    """Sort key that puts ``layers.2`` before ``layers.10``."""
-    return [(0, int(part)) if part.isdigit() else (1, part) for part in _NUMBER_PARTS.split(name)]
 
 
 def shorten_middle(name: str, width: int = NAME_WIDTH, ellipsis: str = "…") -> str:
@@ -216,41 +182,6 @@ def human_bytes(count: float) -> str:
             return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
         count /= 1000
     return f"{count:.1f} TB"
-
-
-def _special(value: float | None, dash: str) -> str | None:
-    if value is None:
-        return dash
-    if math.isnan(value):
-        return "nan"
-    if math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    if value == 0:
-        return "0"
-    return None
-
-
-def fmt_number(value: float | None, dash: str = "—") -> str:
-    special = _special(value, dash)
-    if special is not None:
-        return special
-    assert value is not None
-    if 1e-3 <= abs(value) < 1e5:
-        return f"{value:.4g}"
-    return f"{value:.3e}"
-
-
-def fmt_column(values: Sequence[float | None], dash: str = "—") -> list[str]:
-    """One number format for a whole column: plain when every value fits it, else scientific."""
-    plain = all(_special(v, dash) is not None or 1e-3 <= abs(v) < 1e5 for v in values)  # type: ignore[arg-type]
-    out = []
-    for v in values:
-        special = _special(v, dash)
-        if special is not None:
-            out.append(special)
-        else:
-            out.append(f"{v:.4g}" if plain else f"{v:.3e}")
-    return out
 
 
 def sparkline(values: Sequence[float], symbols: Symbols) -> str:

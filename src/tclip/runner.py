@@ -17,11 +17,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
 from .errors import TclipError
 from .formats import SUFFIXES
-from .render import render_file, render_info, render_summary, safe
+from .text import natural_key, safe
 
 EXIT_FAILED = 1
 EXIT_CHECK_FAILED = 3
@@ -80,25 +78,24 @@ def expand_files(items: tuple[str, ...], recursive: bool) -> Iterator[tuple[str,
 
 
 def _natural(text: str) -> list[Any]:
-    from .render import natural_key
-
     return natural_key(text)
 
 
 # --------------------------------------------------------------------------- output
 
 
-class _Console(Console):
-    def on_broken_pipe(self) -> None:
-        # Nobody reads any more (`| head`): stop quietly, as a process killed by SIGPIPE would.
-        from ._entry import EXIT_BROKEN_PIPE, _quiet_stdout
+def make_console(stderr: bool, color: str) -> tuple[Any, int | None]:
+    """A rich console and the width tables fit into (None: not a terminal, never cut)."""
+    from rich.console import Console
 
-        _quiet_stdout()
-        raise SystemExit(EXIT_BROKEN_PIPE)
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            # Nobody reads any more (`| head`): stop quietly, as a process killed by SIGPIPE would.
+            from ._entry import EXIT_BROKEN_PIPE, _quiet_stdout
 
+            _quiet_stdout()
+            raise SystemExit(EXIT_BROKEN_PIPE)
 
-def make_console(stderr: bool, color: str) -> tuple[Console, int | None]:
-    """A console and the width tables fit into (None: not a terminal, never cut)."""
     stream = sys.stderr if stderr else sys.stdout
     try:
         tty = stream.isatty()
@@ -120,8 +117,10 @@ class Runner:
 
     def __init__(self, as_json: bool, quiet: bool, color: str = "auto", fail_fast: bool = False) -> None:
         self.as_json, self.quiet, self.fail_fast = as_json, quiet, fail_fast
-        self.out, self.width = make_console(False, color)
-        self.err, _ = make_console(True, color)
+        self.color = color
+        self._out: Any = None
+        self._width: int | None = None
+        self._err: Any = None
         self.failed: list[str] = []
         self.ok = 0
         self.checks_failed: list[str] = []
@@ -132,9 +131,29 @@ class Runner:
         if not self.quiet:
             self.say(f"Warning: {message}")
 
+    # The consoles (and rich) only come when something is shown: -q and --json runs
+    # start faster without them.
+    @property
+    def out(self) -> Any:
+        if self._out is None:
+            self._out, self._width = make_console(False, self.color)
+        return self._out
+
+    @property
+    def width(self) -> int | None:
+        _ = self.out
+        return self._width
+
+    @property
+    def err(self) -> Any:
+        if self._err is None:
+            self._err, _ = make_console(True, self.color)
+        return self._err
+
     def say(self, text: str) -> None:
         """One line on stderr, literally (no markup), never folded."""
-        self.err.print(safe(text), markup=False, highlight=False, soft_wrap=True, emoji=False)
+        sys.stderr.write(safe(text) + "\n")
+        sys.stderr.flush()
 
     def error(self, name: str, message: str) -> None:
         self.failed.append(name)
@@ -156,7 +175,7 @@ class Runner:
     @contextmanager
     def progress(self, total: int) -> Iterator[Callable[[str], Callable[[int], None]] | None]:
         """A progress bar over the whole run (all files), or None when it would not help."""
-        if self.quiet or self.as_json or not self.err.is_terminal or total < PROGRESS_MIN_BYTES:
+        if self.quiet or self.as_json or total < PROGRESS_MIN_BYTES or not sys.stderr.isatty():
             yield None
             return
         from rich.progress import (
@@ -212,7 +231,9 @@ class Runner:
             show(result)
 
     def finish(self) -> int:
-        if not self.as_json and not self.quiet:
+        if not self.as_json and not self.quiet and self.ok + len(self.failed) > 1:
+            from .render import render_summary
+
             render_summary(self.ok, self.failed, self.out)
         if self.failed:
             return EXIT_FAILED
@@ -257,6 +278,8 @@ def run_clip(mode: Any, *, files: tuple[str, ...], recursive: bool, output: Path
         return run_sets(runner, mode, inputs, options, across_files, dask_address)
 
     def show(report: Any) -> None:
+        from .render import render_file
+
         render_file(report, runner.out, width=runner.width)
 
     with runner.progress(2 * _sizes(inputs)) as progress:
@@ -278,8 +301,8 @@ def run_clip(mode: Any, *, files: tuple[str, ...], recursive: bool, output: Path
 
 def check_report(report: Any, max_norm: float, per_slice: bool) -> list[str]:
     """Why a report fails the --max-norm gate (empty: it passes)."""
-    from .render import fmt_number
     from .report import slice_label
+    from .text import fmt_number
 
     reasons = []
     bad = [t for t in report.tensors if t.nonfinite]
@@ -329,6 +352,8 @@ def run_report(*, files: tuple[str, ...], recursive: bool, order: str, axes: tup
     reports = []
 
     def show(report: Any) -> None:
+        from .render import render_file
+
         render_file(report, runner.out, width=runner.width, sort=sort, top=top, stats=stats)
 
     with runner.progress(_sizes(inputs)) as progress:
@@ -390,6 +415,8 @@ def run_info(*, files: tuple[str, ...], recursive: bool, sort: str, as_json: boo
         work = (lambda p=path: index_info(p)) if is_index(path) else (lambda p=path: file_info(p))
         result = runner.attempt(name, work)
         if result is not None:
+            from .render import render_info
+
             runner.done(name, result, lambda info: render_info(info, runner.out, width=runner.width, sort=sort))
     return runner.finish()
 

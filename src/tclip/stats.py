@@ -26,11 +26,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .kernels import EXPONENT_BINS, UnitMoments, reduce_unit
+from .kernels import EXPONENT_BINS, Scratch, UnitMoments, reduce_unit
 from .units import UNIT_ELEMENTS, UnitGrid
 
 Index = tuple[slice, ...]
-_LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
 def normalize_axes(axes: object, ndim: int, *, argname: str = "axes") -> tuple[int, ...] | None:
@@ -79,11 +78,6 @@ def kept_index(index: Index | None, ndim: int, axes: tuple[int, ...] | None) -> 
     if index is None or axes is None:
         return (slice(None),) * ndim
     return tuple(slice(None) if i in axes else s for i, s in enumerate(index))
-
-
-def kept_spec(ndim: int, axes: tuple[int, ...]) -> str:
-    """The einsum output letters that keep every axis but ``axes``."""
-    return "".join(c for i, c in enumerate(_LETTERS[:ndim]) if i not in axes)
 
 
 class ExactSum:
@@ -286,7 +280,7 @@ class TensorStats:
 
     # ------------------------------------------------------------------ adding data
 
-    def add(self, piece: np.ndarray, index: Index | None = None, scratch: np.ndarray | None = None) -> None:
+    def add(self, piece: np.ndarray, index: Index | None = None, scratch: Scratch | None = None) -> None:
         """Add one block of the tensor; ``index`` locates it (None: the whole tensor).
 
         The block is reduced unit by unit in its memory order, so the whole
@@ -310,19 +304,20 @@ class TensorStats:
                 axes = tuple(sorted(piece.ndim - 1 - a for a in axes))
         grid = UnitGrid.of(piece.shape)
         if scratch is None:
-            scratch = np.empty(min(piece.size, UNIT_ELEMENTS), np.float64)
+            scratch = Scratch(min(piece.size, UNIT_ELEMENTS))
         for k in range(grid.count):
             rect = grid.index(k)
             unit = piece[rect]
             at = tuple(slice(s.start + r.start, s.start + r.stop) for s, r in zip(index, rect))
             self.add_unit(self.reduce(unit, scratch, axes), at, target, axes)
 
-    def reduce(self, unit: np.ndarray, scratch: np.ndarray | None, axes: tuple[int, ...] | None = None) -> tuple:
-        """The kernel's result for one unit (``axes``: of the unit's own layout)."""
+    def reduce(self, unit: np.ndarray, scratch: Scratch | None, axes: tuple[int, ...] | None = None,
+               wide: np.ndarray | None = None) -> tuple:
+        """The kernel's result for one unit (``axes``: of the unit's own layout; ``wide``:
+        the unit in float64 when the caller has it)."""
         axes = self.axes if axes is None and self.axes is not None else axes
         moments = UnitMoments() if self.track_moments else None
-        result = reduce_unit(unit, scratch, None if self.axes is None else kept_spec(unit.ndim, axes),
-                             self.track_l1, moments)
+        result = reduce_unit(unit, scratch, None if self.axes is None else axes, self.track_l1, moments, wide)
         return (*result, unit.size, moments)
 
     def add_unit(self, result: tuple, at: Index, target: np.ndarray | None = None,
