@@ -62,12 +62,19 @@ def write_safetensors(path: Path, data: dict[str, np.ndarray]) -> None:
 
 
 def make_file(folder: Path, kind: str, dtype_name: str, mib: int, count: int = 32) -> Path:
-    dtype = DTYPES[dtype_name]
-    data = tensors(mib, dtype, count)
+    """The file, written by a child process (so this process stays small: a child's peak
+    memory as the kernel counts it starts from its parent's at fork)."""
     suffix = {"safetensors": ".safetensors", "npz": ".npz", "h5": ".h5", "h5-chunked": ".h5"}[kind]
     path = folder / f"{dtype_name}-{kind}-{mib}m-{count}{suffix}"
-    if path.exists():
-        return path
+    if not path.exists():
+        subprocess.run([sys.executable, __file__, "--make", kind, dtype_name, str(mib), str(count), str(path)],
+                       check=True)
+    return path
+
+
+def write_file(path: Path, kind: str, dtype_name: str, mib: int, count: int) -> None:
+    dtype = DTYPES[dtype_name]
+    data = tensors(mib, dtype, count)
     if kind == "safetensors":
         write_safetensors(path, data)
     elif kind == "npz":
@@ -76,7 +83,6 @@ def make_file(folder: Path, kind: str, dtype_name: str, mib: int, count: int = 3
         with h5py.File(path, "w") as f:
             for name, array in data.items():
                 f.create_dataset(name, data=array, chunks=(64, 4096) if kind == "h5-chunked" else None)
-    return path
 
 
 # --------------------------------------------------------------------------- running
@@ -201,6 +207,10 @@ print(json.dumps({{"imports": t1 - t0, "pass 1 (read + statistics)": t2 - t1, "p
 
 
 def main() -> None:
+    if len(sys.argv) == 7 and sys.argv[1] == "--make":
+        _, _, kind, dtype_name, mib, count, path = sys.argv
+        write_file(Path(path), kind, dtype_name, int(mib), int(count))
+        return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mib", type=int, default=1024)
     parser.add_argument("--repeat", type=int, default=5)

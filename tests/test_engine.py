@@ -231,3 +231,26 @@ def test_float16_conversions_match_numpy_on_every_value_and_midpoint():
     with np.errstate(over="ignore"):
         reference = tests.astype(np.float16)
     assert ((out.view(np.uint16) == reference.view(np.uint16)) | np.isnan(tests)).all()
+
+
+def test_bfloat16_conversions_match_ml_dtypes_on_every_value_and_midpoint():
+    from tclip.kernels import narrow_into, widen
+
+    every = np.arange(1 << 16, dtype=np.uint16).view(ml_dtypes.bfloat16)
+    wide = widen(every)
+    with np.errstate(invalid="ignore"):  # signalling NaNs
+        reference = every.astype(np.float64)
+    same = (wide.view(np.uint64) == reference.view(np.uint64)) | (np.isnan(wide) & np.isnan(reference))
+    assert same.all()
+    values = np.unique(reference[np.isfinite(reference)])
+    middles = (values[:-1] + values[1:]) / 2
+    rng = np.random.default_rng(17)
+    tests = np.concatenate([values, middles, np.nextafter(middles, np.inf), np.nextafter(middles, -np.inf),
+                            *(rng.standard_normal(200_000) * s for s in (1e-40, 1e-38, 1e-3, 1, 1e30, 1e38)),
+                            [3.3895313892515355e38, 3.3961775292304744e38, 3.4e38, 1e300, np.inf, -np.inf,
+                             np.nan, -0.0, 1e-300, -1e-300, 2.0 ** -134, 2.0 ** -133 * 1.5]])
+    out = np.empty(tests.size, ml_dtypes.bfloat16)
+    narrow_into(tests.copy(), out)
+    with np.errstate(over="ignore", invalid="ignore"):
+        reference = tests.astype(ml_dtypes.bfloat16)
+    assert ((out.view(np.uint16) == reference.view(np.uint16)) | np.isnan(tests)).all()

@@ -12,23 +12,26 @@ import os
 import signal
 import sys
 
+from . import interrupt
+from .interrupt import Terminated
+
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141  # as a process killed by SIGPIPE
 
 
-class Terminated(BaseException):
-    """SIGINT, SIGTERM or SIGHUP arrived: unwind (removing temporary files) and exit.
-
-    Not KeyboardInterrupt: click would catch that and print a stray blank line.
-    """
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
 def _raise_terminated(signum: int, frame: object) -> None:
+    interrupt.requested = signum
     raise Terminated(signum)
+
+
+def _unraisable(hook: object) -> object:
+    def handle(info: object) -> None:
+        # A stop raised inside a destructor or weakref callback is swallowed by Python;
+        # it is recorded in tclip.interrupt and acted on at the next check.
+        if isinstance(getattr(info, "exc_value", None), Terminated):
+            return
+        hook(info)  # type: ignore[operator]
+    return handle
 
 
 def _remove_live_temps() -> None:
@@ -52,6 +55,7 @@ def main() -> None:
     """Console entry point."""
     code = 0
     try:
+        sys.unraisablehook = _unraisable(sys.unraisablehook)  # type: ignore[assignment]
         for name in ("SIGINT", "SIGTERM", "SIGHUP"):
             if hasattr(signal, name):
                 signal.signal(getattr(signal, name), _raise_terminated)
@@ -64,6 +68,7 @@ def main() -> None:
         from .cli import cli
 
         code = cli.main(prog_name="tclip", standalone_mode=False) or 0
+        interrupt.check()  # a stop that was swallowed on the way
     except KeyboardInterrupt:
         _remove_live_temps()
         _say("Error: interrupted")

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from . import interrupt
 from .kernels import Scratch
 from .units import UNIT_ELEMENTS
 
@@ -151,6 +152,7 @@ class BlockRunner:
 
         try:
             for job in jobs:
+                interrupt.check()
                 if job.kind == "main":
                     settle(0)
                     assert job.action is not None

@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from .dtypes import is_complex
@@ -83,6 +84,9 @@ def widen(x: np.ndarray, scratch: Scratch | None = None) -> np.ndarray:
     if x.dtype == np.float16 and x.flags.c_contiguous and x.dtype.byteorder in "=<|":
         _widen_float16(x.reshape(-1), wide.reshape(-1), _buffer(scratch, "bits", x.size, np.uint32))
         return wide
+    if x.dtype == _BFLOAT16 and x.flags.c_contiguous:
+        _widen_bfloat16(x.reshape(-1), wide.reshape(-1), _buffer(scratch, "bits", x.size, np.uint32))
+        return wide
     with np.errstate(invalid="ignore", over="ignore"):  # a signalling NaN is still a NaN
         np.copyto(wide, x, casting="unsafe")
     return wide
@@ -101,6 +105,12 @@ def narrow_into(wide: np.ndarray, out: np.ndarray, scratch: Scratch | None = Non
                                    _buffer(scratch, "work", wide.size, np.float64),
                                    _buffer(scratch, "extra", wide.size, np.float64),
                                    _buffer(scratch, "bits", wide.size, np.uint32))
+    if out.dtype == _BFLOAT16 and out.flags.c_contiguous and wide.flags.c_contiguous:
+        with np.errstate(all="ignore"):
+            return _narrow_bfloat16(wide.reshape(-1), out.reshape(-1).view(np.uint16),
+                                    _buffer(scratch, "work", wide.size, np.float64),
+                                    _buffer(scratch, "extra", wide.size, np.float64),
+                                    _buffer(scratch, "bits", wide.size, np.uint32))
     with np.errstate(invalid="ignore", over="ignore"):
         np.copyto(out, wide, casting="unsafe")
     return False
@@ -174,8 +184,42 @@ def dot(a: np.ndarray, b: np.ndarray, buffer: np.ndarray | None = None) -> float
     return float(np.add.reduce(products))
 
 
+# bfloat16 is the upper half of a float32. ml_dtypes' casts hold the GIL (measured: two
+# threads convert no faster than one), so threads could not share the work; these
+# integer operations release it. ml_dtypes narrows a float64 to bfloat16 through float32
+# (two roundings, each to nearest even); so does this, to give the same bits (checked
+# over every bfloat16 value, every midpoint and its neighbours).
+
+_BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def _widen_bfloat16(x: np.ndarray, out: np.ndarray, bits: np.ndarray) -> None:
+    np.copyto(bits, x.view(np.uint16))
+    np.left_shift(bits, np.uint32(16), out=bits)
+    with np.errstate(invalid="ignore"):  # a signalling NaN is still a NaN
+        np.copyto(out, bits.view(np.float32))
+
+
+def _narrow_bfloat16(wide: np.ndarray, out: np.ndarray, work: np.ndarray, extra: np.ndarray,
+                     bits: np.ndarray) -> bool:
+    single = bits.view(np.float32)
+    np.copyto(single, wide, casting="unsafe")
+    odd = work.view(np.uint32)[: bits.size]
+    np.right_shift(bits, np.uint32(16), out=odd)
+    np.bitwise_and(odd, np.uint32(1), out=odd)
+    np.add(odd, np.uint32(0x7FFF), out=odd)
+    np.add(bits, odd, out=bits)  # round to nearest, ties to even (Inf stays Inf)
+    np.right_shift(bits, np.uint32(16), out=bits)
+    np.copyto(out, bits, casting="unsafe")
+    nan = np.isnan(wide)
+    if nan.any():  # NaN payloads are ml_dtypes' business
+        out[nan] = wide[nan].astype(ml_dtypes.bfloat16).view(np.uint16)
+    return False
+
+
 def reduce_unit(x: np.ndarray, scratch: Scratch | None = None, axes: tuple[int, ...] | None = None,
-                l1: bool = False, moments: UnitMoments | None = None, wide: np.ndarray | None = None) -> tuple:
+                l1: bool = False, moments: UnitMoments | None = None, wide: np.ndarray | None = None,
+                extremes: bool = True) -> tuple:
     """Statistics of one unit ``x`` (its rectangle's shape).
 
     Args:
@@ -184,6 +228,7 @@ def reduce_unit(x: np.ndarray, scratch: Scratch | None = None, axes: tuple[int, 
         l1: also return the sum of ``|x|`` over non-NaN elements (else 0.0).
         moments: add the unit's sum, zeros and exponent counts to it.
         wide: ``x`` in float64 when the caller has it already.
+        extremes: also the smallest and largest value (else ``inf, -inf``) and NaN/Inf counts.
 
     Returns:
         ``(sum_of_squares, smallest, largest, nan_count, inf_count, sum_abs)``;
@@ -199,7 +244,7 @@ def reduce_unit(x: np.ndarray, scratch: Scratch | None = None, axes: tuple[int, 
         wide = wide.reshape(x.shape)
     if wide.dtype == np.complex128:
         return _reduce_complex(wide, axes, l1)
-    smallest, largest = (float(wide.min()), float(wide.max())) if wide.size else (math.inf, -math.inf)
+    smallest, largest = (float(wide.min()), float(wide.max())) if wide.size and extremes else (math.inf, -math.inf)
     squares = _buffer(scratch, "work", wide.size, np.float64).reshape(wide.shape)
     with np.errstate(over="ignore", invalid="ignore"):
         np.multiply(wide, wide, out=squares)
@@ -211,7 +256,7 @@ def reduce_unit(x: np.ndarray, scratch: Scratch | None = None, axes: tuple[int, 
             finite = bool(np.isfinite(sum_sq).all())
     nans = infs = 0
     values = wide
-    if not finite:
+    if not finite and extremes:
         nan_mask = np.isnan(wide)
         nans = int(np.count_nonzero(nan_mask))
         infs = int(np.count_nonzero(np.isinf(wide)))

@@ -111,6 +111,8 @@ class ClipOptions:
         memory, threads: the budget of a pass (:class:`tclip.engine.Budget`).
         drop_nonnumeric: a conversion drops what the output format cannot hold
             (non-numeric datasets, metadata), with a warning, instead of failing.
+        measure_after: measure the values written (the report's "after" column);
+            the command line skips it when it shows no report (-q).
     """
 
     output: Path | None = None
@@ -125,6 +127,7 @@ class ClipOptions:
     memory: int = Budget.memory
     threads: int = 0
     drop_nonnumeric: bool = False
+    measure_after: bool = True
 
     @property
     def budget(self) -> Budget:
@@ -454,25 +457,29 @@ class RewriteResult:
     bytes_written: int = 0
     elapsed_s: float = 0.0
     warnings: list[str] = field(default_factory=list)
+    measured: bool = True  # the after-statistics were measured
 
 
 def rewrite_file(source: Path | str | TensorReader, work: dict[str, TensorWork], target: Path | None, *,
                  axes: object = None, overwrite: bool = False, budget: Budget | None = None,
                  progress: Progress | None = None, held: HeldTensors | None = None,
                  drop_nonnumeric: bool = False, metadata: dict[str, str] | None = None,
-                 writer_factory: Callable[..., TensorWriter] | None = None) -> RewriteResult:
+                 writer_factory: Callable[..., TensorWriter] | None = None,
+                 measure_after: bool = True) -> RewriteResult:
     """Pass 2: write ``source`` to ``target`` with each tensor of ``work`` rewritten.
 
     Tensors not in ``work`` are copied byte for byte where the formats allow.
     With ``target`` None nothing is written (a dry run computes the after-statistics).
-    The output appears atomically, only when everything succeeded.
+    ``measure_after`` False skips the after-statistics (norms of the values written),
+    for callers that show nobody the report. The output appears atomically, only when
+    everything succeeded.
     """
     if isinstance(source, TensorReader):
         return _rewrite(source, work, target, axes, overwrite, budget or Budget(), progress, held,
-                        drop_nonnumeric, metadata, writer_factory)
+                        drop_nonnumeric, metadata, writer_factory, measure_after)
     with open_reader(source) as reader:
         return _rewrite(reader, work, target, axes, overwrite, budget or Budget(), progress, held,
-                        drop_nonnumeric, metadata, writer_factory)
+                        drop_nonnumeric, metadata, writer_factory, measure_after)
 
 
 def carried_loss(reader: TensorReader, target: Path) -> list[str]:
@@ -496,9 +503,10 @@ def carried_loss(reader: TensorReader, target: Path) -> list[str]:
 def _rewrite(reader: TensorReader, work: dict[str, TensorWork], target: Path | None, axes: object,
              overwrite: bool, budget: Budget, progress: Progress | None, held: HeldTensors | None,
              drop_nonnumeric: bool, metadata: dict[str, str] | None,
-             writer_factory: Callable[..., TensorWriter] | None) -> RewriteResult:
+             writer_factory: Callable[..., TensorWriter] | None, measure_after: bool = True) -> RewriteResult:
     started = time.perf_counter()
-    result = RewriteResult(str(reader.path), None if target is None else str(target), {}, {})
+    result = RewriteResult(str(reader.path), None if target is None else str(target), {}, {},
+                           measured=measure_after)
     tensors = list(reader.tensors.values())
     if target is not None:
         lost = carried_loss(reader, target)
@@ -517,7 +525,7 @@ def _rewrite(reader: TensorReader, work: dict[str, TensorWork], target: Path | N
                          overwrite=overwrite, rewritten=set(work), metadata=metadata)
     written = {t.name for t in tensors}
     try:
-        _run_rewrite(reader, writer, work, axes, budget, progress, held, written, result)
+        _run_rewrite(reader, writer, work, axes, budget, progress, held, written, result, measure_after)
         if writer is not None:
             writer.commit()
             result.bytes_written = os.stat(target).st_size  # type: ignore[arg-type]
@@ -531,7 +539,7 @@ def _rewrite(reader: TensorReader, work: dict[str, TensorWork], target: Path | N
 
 def _run_rewrite(reader: TensorReader, writer: TensorWriter | None, work: dict[str, TensorWork], axes: object,
                  budget: Budget, progress: Progress | None, held: HeldTensors | None, written: set[str],
-                 result: RewriteResult) -> None:
+                 result: RewriteResult, measure_after: bool = True) -> None:
     layouts = {}
     for name, task in work.items():
         info = reader.tensors[name]
@@ -599,7 +607,8 @@ def _run_rewrite(reader: TensorReader, writer: TensorWriter | None, work: dict[s
                     wide = scale_unit(unit, scale[kept_index(grid.index(k), unit.ndim, storage_axes)], scratch)
                 else:
                     wide = scale_unit(unit, float(task.scale), scratch)  # type: ignore[arg-type]
-                results.append(after.reduce(unit, scratch, storage_axes, wide))
+                if measure_after:
+                    results.append(after.reduce(unit, scratch, storage_axes, wide, extremes=False))
             done = False
             if writer is not None and job.name in written and writer.parallel_safe(job.name):
                 writer.write_flat(job.name, job.start, data)
@@ -615,6 +624,8 @@ def _run_rewrite(reader: TensorReader, writer: TensorWriter | None, work: dict[s
             for k, unit_result in zip(range(job.first, job.stop), results):
                 at = grid.index(k) if storage_axes is not None else ()
                 after.add_unit(unit_result, at, target, storage_axes)
+            if not measure_after:
+                after.count += job.end - job.start
             result.changed[job.name] += changed
             if writer is not None and job.name in written and not done:
                 writer.write_flat(job.name, job.start, data)
@@ -678,16 +689,21 @@ def fill_before(entry: TensorReport, stats: TensorStats) -> None:
         entry.max_slice_norm = float(np.max(stats.slice_norms(), initial=0.0)) if entry.slices else 0.0
 
 
-def fill_after(entry: TensorReport, after: TensorStats, scale: np.ndarray | None) -> None:
-    entry.norm_after = after.norm
-    if after.axes is not None:
-        entry.max_slice_norm_after = float(np.max(after.slice_norms(), initial=0.0)) if after.size else 0.0
+def fill_after(entry: TensorReport, after: TensorStats | None, scale: np.ndarray | None) -> None:
+    if after is not None:
+        _fill_after_norms(entry, after)
     if scale is not None:
         scale = np.asarray(scale, dtype=np.float64)
         entry.scale = float(np.min(scale)) if scale.size else 1.0
         entry.clipped = bool(np.any(scale != 1.0))
         if scale.ndim:
             entry.slices_clipped = int(np.count_nonzero(scale != 1.0))
+
+
+def _fill_after_norms(entry: TensorReport, after: TensorStats) -> None:
+    entry.norm_after = after.norm
+    if after.axes is not None:
+        entry.max_slice_norm_after = float(np.max(after.slice_norms(), initial=0.0)) if after.size else 0.0
 
 
 def finish_report(report: FileReport, stats: FileStats, plan: Plan, rewrite: RewriteResult | None) -> None:
@@ -698,7 +714,8 @@ def finish_report(report: FileReport, stats: FileStats, plan: Plan, rewrite: Rew
     for name in chosen:
         entry, before = entries[name], stats.stats[name]
         if rewrite is not None and name in rewrite.after:
-            fill_after(entry, rewrite.after[name], scales.get(name))
+            measured = rewrite.after[name]
+            fill_after(entry, measured if rewrite.measured else None, scales.get(name))
             if isinstance(plan.mode, ValueClip):
                 entry.changed = rewrite.changed[name]
                 entry.clipped = entry.changed > 0
@@ -816,7 +833,8 @@ def clip_file(path: Path | str, mode: Mode, options: ClipOptions | None = None,
         plan = make_plan(mode, [stats])
         rewrite = rewrite_file(reader, plan.work[stats.path], target, axes=axes,
                                overwrite=options.overwrite or options.in_place, budget=budget, progress=progress,
-                               held=held, drop_nonnumeric=options.drop_nonnumeric)
+                               held=held, drop_nonnumeric=options.drop_nonnumeric,
+                               measure_after=options.measure_after)
         finish_report(report, stats, plan, rewrite)
     report.elapsed_s = time.perf_counter() - started
     return report

@@ -270,7 +270,8 @@ def run_clip(mode: Any, *, files: tuple[str, ...], recursive: bool, output: Path
             return runner.finish()
     options = ClipOptions(output=output, out_dir=out_dir, in_place=in_place, overwrite=force,
                           selection=Selection(include, exclude), nonfinite=nonfinite, strict=strict,
-                          dry_run=dry_run, memory=memory, threads=threads or 0, drop_nonnumeric=drop_nonnumeric)
+                          dry_run=dry_run, memory=memory, threads=threads or 0, drop_nonnumeric=drop_nonnumeric,
+                          measure_after=as_json or not quiet)
     inputs = runner.expand(files, recursive)
     from .tensorset import is_index, run_sets
 

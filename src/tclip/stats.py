@@ -312,12 +312,14 @@ class TensorStats:
             self.add_unit(self.reduce(unit, scratch, axes), at, target, axes)
 
     def reduce(self, unit: np.ndarray, scratch: Scratch | None, axes: tuple[int, ...] | None = None,
-               wide: np.ndarray | None = None) -> tuple:
+               wide: np.ndarray | None = None, extremes: bool = True) -> tuple:
         """The kernel's result for one unit (``axes``: of the unit's own layout; ``wide``:
-        the unit in float64 when the caller has it)."""
+        the unit in float64 when the caller has it; ``extremes``: also min/max and NaN/Inf
+        counts, which the after-statistics of a rewrite do without)."""
         axes = self.axes if axes is None and self.axes is not None else axes
         moments = UnitMoments() if self.track_moments else None
-        result = reduce_unit(unit, scratch, None if self.axes is None else axes, self.track_l1, moments, wide)
+        result = reduce_unit(unit, scratch, None if self.axes is None else axes, self.track_l1, moments, wide,
+                             extremes)
         return (*result, unit.size, moments)
 
     def add_unit(self, result: tuple, at: Index, target: np.ndarray | None = None,
