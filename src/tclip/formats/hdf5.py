@@ -23,6 +23,7 @@ fill values) is refused before anything is read.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import posixpath
@@ -52,6 +53,7 @@ from .base import (
     copy_range,
     flat_rectangles,
     layout_blocks,
+    pread_into,
     pwrite_all,
 )
 
@@ -225,6 +227,7 @@ class Hdf5Reader(TensorReader):
         self._align: dict[str, int] = {}
         self._sparse: dict[str, dict[int, list[tuple[int, ...]]] | None] = {}
         self.contiguous_raw: dict[str, tuple[int, int]] = {}  # name -> (offset, nbytes) of raw data
+        self.raw_chunks: dict[str, RawChunks] = {}  # unfiltered chunked datasets
         self.group_attributes: dict[str, dict[str, Any]] = {}  # groups (not the root) that have attributes
         try:
             self.metadata = attributes(self.file)
@@ -287,6 +290,11 @@ class Hdf5Reader(TensorReader):
                 # one at a time (12 s per million measured); tclip fills them itself and
                 # reads only the chunks the file holds.
                 self._sparse[name] = None
+            elif allocated == logical and dataset.id.get_create_plist().get_nfilters() == 0 \
+                    and _standard_type(dataset) and info.nbytes:
+                # Every chunk stored as it is (no filter): each chunk is a raw region of the
+                # file, read and written with pread/pwrite from any thread, no h5py in between.
+                self.raw_chunks[name] = RawChunks(tuple(dataset.chunks), tuple(info.shape), info.dtype.itemsize)
 
     def _bomb(self, dataset: h5py.Dataset) -> str | None:
         logical = math.prod(dataset.shape) * dataset.dtype.itemsize
@@ -321,7 +329,38 @@ class Hdf5Reader(TensorReader):
     def align(self, name: str) -> int:
         return self._align.get(name, 0)
 
+    def parallel_safe(self, name: str) -> bool:
+        return name in self._regions or name in self.raw_chunks
+
+    def chunk_offsets(self, name: str) -> RawChunks:
+        """The file offsets of a raw-chunked tensor's chunks (read from the chunk index once)."""
+        chunks = self.raw_chunks[name]
+        with self._lock:
+            if chunks.offsets is None:
+                dataset = self.file[name]
+                offsets = {}
+                for i in range(dataset.id.get_num_chunks()):
+                    info = dataset.id.get_chunk_info(i)
+                    if info.size != chunks.nbytes:
+                        raise FormatError(f"tensor {name!r}: chunk {i} holds {info.size} bytes, not "
+                                          f"{chunks.nbytes}", self.path)
+                    offsets[tuple(info.chunk_offset)] = info.byte_offset
+                chunks.offsets = offsets
+            if self._raw_fd < 0:
+                self._raw_fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        return chunks
+
     def read_flat(self, name: str, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
+        if name in self.raw_chunks:
+            info = self.tensors[name]
+            count = stop - start
+            if out is not None and out.size >= count * info.dtype.itemsize:
+                result = out[: count * info.dtype.itemsize].view(info.dtype)
+            else:
+                result = np.empty(count, info.dtype)
+            chunks = self.chunk_offsets(name)
+            chunks.transfer(self._raw_fd, result, start, stop, self.path, write=False)
+            return result
         if name not in self._sparse:
             return super().read_flat(name, start, stop, out)
         info = self.tensors[name]
@@ -394,6 +433,66 @@ class Hdf5Reader(TensorReader):
                 raise FormatError(f"tensor {name!r} cannot be read ({_filter_message(error)})",
                                   self.path) from None
         return np.asarray(data)
+
+
+class RawChunks:
+    """The chunks of an unfiltered chunked dataset as raw regions of the file.
+
+    A chunk is stored whole (edge chunks too), in C order of the chunk's shape.
+    :meth:`transfer` moves a flat run of the dataset between a buffer and the chunks
+    that hold it; when chunks span whole trailing dimensions (a chunk is then a run
+    of whole rows) the bytes go straight between file and buffer.
+    """
+
+    def __init__(self, chunks: tuple[int, ...], shape: tuple[int, ...], itemsize: int) -> None:
+        self.chunks, self.shape, self.itemsize = chunks, shape, itemsize
+        self.nbytes = math.prod(chunks) * itemsize
+        self.offsets: dict[tuple[int, ...], int] | None = None
+        self.rows = len(shape) >= 1 and tuple(chunks[1:]) == tuple(shape[1:])
+        self._locks: dict[tuple[int, ...], threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    def _lock(self, corner: tuple[int, ...]) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(corner, threading.Lock())
+
+    def transfer(self, fd: int, flat: np.ndarray, start: int, stop: int, path: object, write: bool) -> None:
+        """Read elements ``[start, stop)`` into ``flat`` (or, with ``write``, write them from it)."""
+        assert self.offsets is not None
+        row = math.prod(self.shape[1:])
+        if self.rows and start % row == 0 and (stop % row == 0 or stop == math.prod(self.shape)):
+            first_row, last_row = start // row, -(-stop // row)
+            for corner_row in range(first_row - first_row % self.chunks[0], last_row, self.chunks[0]):
+                lo, hi = max(corner_row, first_row), min(corner_row + self.chunks[0], last_row)
+                offset = self.offsets[(corner_row,) + (0,) * (len(self.shape) - 1)]
+                part = flat[(lo - first_row) * row:(hi - first_row) * row]
+                position = offset + (lo - corner_row) * row * self.itemsize
+                if write:
+                    pwrite_all(fd, part.view(np.uint8).data, position)
+                else:
+                    pread_into(fd, part.view(np.uint8).data, position, path, "chunk")
+            return
+        position = 0
+        buffer = np.empty(math.prod(self.chunks), flat.dtype)
+        for rect in flat_rectangles(self.shape, start, stop):
+            extent = tuple(s.stop - s.start for s in rect)
+            size = math.prod(extent)
+            view = flat[position:position + size].reshape(extent)
+            position += size
+            ranges = [range(s.start - s.start % c, s.stop, c) for s, c in zip(rect, self.chunks)]
+            for corner in itertools.product(*ranges):
+                inside = tuple(slice(max(s.start, c), min(s.stop, c + n)) for s, c, n in zip(rect, corner, self.chunks))
+                in_chunk = tuple(slice(i.start - c, i.stop - c) for i, c in zip(inside, corner))
+                in_view = tuple(slice(i.start - s.start, i.stop - s.start) for i, s in zip(inside, rect))
+                offset = self.offsets[corner]
+                chunk = buffer.reshape(self.chunks)
+                with self._lock(corner):  # a chunk shared by two blocks: read, patch, write
+                    pread_into(fd, buffer.view(np.uint8).data, offset, path, "chunk")
+                    if write:
+                        chunk[in_chunk] = view[in_view]
+                        pwrite_all(fd, buffer.view(np.uint8).data, offset)
+                if not write:
+                    view[in_view] = chunk[in_chunk]
 
 
 def _first_line(error: BaseException) -> str:
@@ -473,6 +572,7 @@ class Hdf5Writer(TensorWriter):
         self._fd = -1
         self.file: h5py.File | None = None
         self._raw: dict[str, int] = {}
+        self._chunked: dict[str, RawChunks] = {}
         self.rewritten = set(self.tensors) if rewritten is None else set(rewritten)
         try:
             if self._like is not None:
@@ -499,20 +599,23 @@ class Hdf5Writer(TensorWriter):
                                            "many chunks is refused (rechunk it first, e.g. with h5repack -l)",
                                            like.path)
         holes = {name: like.contiguous_raw[name] for name in self.rewritten if name in like.contiguous_raw}
+        self._chunked = {name: like.chunk_offsets(name) for name in self.rewritten if name in like.raw_chunks}
+        chunk_holes = [(offset, chunks.nbytes) for chunks in self._chunked.values()
+                       for offset in (chunks.offsets or {}).values()]
         source_fd = os.open(like.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         try:
             size = os.fstat(source_fd).st_size
             self._fd = os.open(self.output.temp, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
             os.ftruncate(self._fd, size)
-            copy_except(source_fd, self._fd, size, list(holes.values()), like.path)
+            copy_except(source_fd, self._fd, size, list(holes.values()) + chunk_holes, like.path)
         finally:
             os.close(source_fd)
         self._raw = {name: offset for name, (offset, _) in holes.items()}
-        if any(name not in self._raw for name in self.rewritten):
+        if any(name not in self._raw and name not in self._chunked for name in self.rewritten):
             self.file = h5py.File(self.output.temp, "r+")
 
     def parallel_safe(self, name: str) -> bool:
-        return name in self._raw
+        return name in self._raw or name in self._chunked
 
     def _dataset(self, name: str) -> h5py.Dataset:
         # Only the dataset being written is kept open: HDF5 holds several MiB
@@ -540,6 +643,11 @@ class Hdf5Writer(TensorWriter):
         return layout_blocks(self.tensors[name], max_bytes)
 
     def write_flat(self, name: str, start: int, data: np.ndarray) -> None:
+        if name in self._chunked:
+            array = np.ascontiguousarray(data, dtype=self.tensors[name].dtype)
+            self._chunked[name].transfer(self._fd, array.reshape(-1), start, start + array.size, self.target,
+                                         write=True)
+            return
         offset = self._raw.get(name)
         if offset is None:
             with self._lock:
@@ -550,6 +658,18 @@ class Hdf5Writer(TensorWriter):
         pwrite_all(self._fd, array.reshape(-1).view(np.uint8).data, offset + start * dtype.itemsize)
 
     def write(self, name: str, index: Index, data: np.ndarray) -> None:
+        if name in self._chunked:
+            from .base import normalize_index
+
+            info = self.tensors[name]
+            index = normalize_index(index, info.shape)
+            block = np.asarray(data, dtype=info.dtype).reshape(tuple(s.stop - s.start for s in index))
+            strides = [math.prod(info.shape[i + 1:]) for i in range(len(info.shape))]
+            for lead in itertools.product(*(range(s.start, s.stop) for s in index[:-1])):
+                first = sum(i * st for i, st in zip(lead, strides)) + index[-1].start if info.shape else 0
+                run = block[tuple(i - s.start for i, s in zip(lead, index[:-1]))].reshape(-1)
+                self.write_flat(name, first, run)
+            return
         if name in self._raw:
             from .base import contiguous_span, normalize_index
 
