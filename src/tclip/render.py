@@ -593,12 +593,41 @@ def render_file(report: FileReport, console: Console, *, width: int | None = -1,
     console.print()
 
 
+# Above this many rows a table is written as plain text in one go: styling each cell of
+# a header that lists a million tensors took minutes.
+PLAIN_ROWS = 5000
+
+
+def _plain_info_table(tensors: list[Any], width: int | None, symbols: Symbols) -> list[str]:
+    shapes = [symbols.times.join(map(str, t.shape)) or "()" for t in tensors]
+    params = [f"{math.prod(t.shape):,}" for t in tensors]
+    sizes = [human_bytes(t.nbytes) for t in tensors]
+    widths = [max(len(h), max(map(len, col), default=0)) for h, col in
+              (("shape", shapes), ("dtype", [t.dtype for t in tensors]), ("params", params), ("bytes", sizes))]
+    room = None if width is None else max(MIN_NAME_WIDTH, width - sum(widths) - GAP * 4)
+    shown = shorten_names([t.name for t in tensors], room, symbols.ellipsis)
+    name_width = max([6] + [len(v) for v in shown.values()])
+    sep = " " * GAP
+    lines = [f"{'tensor'.ljust(name_width)}{sep}{'shape'.ljust(widths[0])}{sep}{'dtype'.ljust(widths[1])}{sep}"
+             f"{'params'.rjust(widths[2])}{sep}{'bytes'.rjust(widths[3])}"]
+    lines.append(symbols.rule * len(lines[0]))
+    for t, shape, count, size in zip(tensors, shapes, params, sizes):
+        lines.append(f"{safe(shown[t.name]).ljust(name_width)}{sep}{shape.ljust(widths[0])}{sep}"
+                     f"{t.dtype.ljust(widths[1])}{sep}{count.rjust(widths[2])}{sep}{size.rjust(widths[3])}")
+    return lines
+
+
 def render_info(info: InfoReport, console: Console, *, width: int | None = -1, sort: str = "order") -> None:
     symbols = symbols_for(console)
     fit = console.width if width == -1 else width
     title = Text(safe(info.file), style="bold")
     title.append(f"  ({info.format}, {human_bytes(info.size_bytes)})")
     tensors = info.tensors if sort != "name" else sorted(info.tensors, key=lambda t: natural_key(t.name))
+    if len(tensors) > PLAIN_ROWS:
+        print_lines(console, [title])
+        console.file.write("\n".join(_plain_info_table(tensors, fit, symbols)) + "\n")
+        console.file.flush()
+        tensors = []
     columns = [
         Column("shape", "shape", [Text(symbols.times.join(map(str, t.shape)) or "()") for t in tensors], drop=2),
         Column("dtype", "dtype", [Text(t.dtype) for t in tensors], short_cells=[Text(short_dtype(t.dtype))
@@ -606,8 +635,7 @@ def render_info(info: InfoReport, console: Console, *, width: int | None = -1, s
         Column("params", "params", [Text(f"{math.prod(t.shape):,}") for t in tensors], "right", drop=1),
         Column("bytes", "bytes", [Text(human_bytes(t.nbytes)) for t in tensors], "right", drop=0),
     ]
-    lines = [title]
-    lines += lay_out([t.name for t in tensors], columns, fit, symbols)
+    lines = [] if not tensors else [title] + lay_out([t.name for t in tensors], columns, fit, symbols)
     counts = info.params_by_dtype()
     total = sum(counts.values())
     noun = "tensor" if len(info.tensors) == 1 else "tensors"

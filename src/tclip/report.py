@@ -7,7 +7,7 @@ terminals. JSON is strictly valid: non-finite floats become "nan", "inf", "-inf"
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -67,7 +67,8 @@ class TensorReport:
         return math.prod(self.shape)
 
     def to_json(self) -> dict[str, Any]:
-        item = asdict(self)
+        item = {name: getattr(self, name) for name in _TENSOR_FIELDS}
+        item["shape"] = list(self.shape)
         item["nonfinite"] = {"nan": self.nan, "inf": self.inf}
         del item["nan"], item["inf"]
         histogram = item.pop("histogram")
@@ -79,6 +80,9 @@ class TensorReport:
         if self.zeros is not None and self.numel:
             item["zero_fraction"] = self.zeros / self.numel
         return item
+
+
+_TENSOR_FIELDS = [f.name for f in fields(TensorReport)]
 
 
 @dataclass
@@ -251,11 +255,13 @@ class InfoReport:
         return counts
 
     def to_json(self) -> dict[str, Any]:
+        # Built by hand, not with asdict/json_safe: a header can list a million tensors.
         tensors = []
         for t in self.tensors:
-            item = asdict(t)
-            if item["refused"] is None:
-                del item["refused"]
+            item = {"name": t.name, "shape": list(t.shape), "dtype": t.dtype, "nbytes": t.nbytes,
+                    "attrs": json_safe(t.attrs) if t.attrs else {}}
+            if t.refused is not None:
+                item["refused"] = t.refused
             tensors.append(item)
         data: dict[str, Any] = {
             "schema": SCHEMA_VERSION,
@@ -265,8 +271,8 @@ class InfoReport:
             "tensors": tensors,
             "params": sum(math.prod(t.shape) for t in self.tensors),
             "params_by_dtype": self.params_by_dtype(),
-            "metadata": self.metadata,
+            "metadata": json_safe(self.metadata),
         }
         if self.others:
-            data["not_tensors"] = [asdict(o) for o in self.others]
-        return json_safe(data)
+            data["not_tensors"] = json_safe([asdict(o) for o in self.others])
+        return data

@@ -66,22 +66,22 @@ def dtype_code(dtype: np.dtype) -> str:
     raise UnsupportedError(f"safetensors has no dtype for {dtype.name}")
 
 
-class _Entry(tuple):
-    """A tensor entry of the header, kept compact while parsing (files can list a million)."""
-
-
 _ENTRY_KEYS = frozenset({"dtype", "shape", "data_offsets"})
 
 
-def _object_hook(pairs: list[tuple[str, Any]]) -> Any:
-    if len(pairs) == 3 and {k for k, _ in pairs} == _ENTRY_KEYS:
-        entry = dict(pairs)
-        return _Entry((entry["dtype"], entry["shape"], entry["data_offsets"]))
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise ValueError(f"key {key!r} appears twice")
-        result[key] = value
+def _object_hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, refusing a key given twice (the library refuses such headers too).
+
+    Called for every object of a header that may list a million tensors: the common
+    case costs one dict creation in C.
+    """
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ValueError(f"key {key!r} appears twice")
+            seen.add(key)
     return result
 
 
@@ -140,21 +140,21 @@ class SafetensorsReader(TensorReader):
             if begin > position:
                 raise FormatError(f"tensor {name!r}: {begin - position} bytes before it belong to no tensor", path)
             position = end
-            code = header[name][0]
+            code = header[name]["dtype"]
             if code in DTYPES:
                 self.tensors[name] = TensorInfo(name, shape, dtype, attrs=_NO_ATTRS)
             else:
                 self.tensors[name] = TensorInfo(name, shape, dtype, numeric=False, attrs=_NO_ATTRS,
-                                                dtype_label=f"{code} {header[name][1]} (not supported)")
+                                                dtype_label=f"{code} {header[name]['shape']} (not supported)")
             self.offsets[name] = self.data_start + begin
         if position != data_size:
             raise FormatError(f"the data is {data_size} bytes but the tensors cover {position}", path)
 
     def _check_entry(self, name: str, entry: Any, data_size: int) -> tuple[np.dtype, tuple[int, ...], int, int]:
         path = self.path
-        if not isinstance(entry, _Entry):
+        if not isinstance(entry, dict) or len(entry) != 3 or not _ENTRY_KEYS.issuperset(entry):
             raise FormatError(f"tensor {name!r}: expected dtype, shape and data_offsets", path)
-        code, shape, offsets = entry
+        code, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
         if not isinstance(code, str) or not code or len(code) > 32 or not code.isprintable():
             raise FormatError(f"tensor {name!r}: invalid dtype {str(code)[:40]!r}", path)
         if not isinstance(shape, list):
