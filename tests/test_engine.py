@@ -254,3 +254,26 @@ def test_bfloat16_conversions_match_ml_dtypes_on_every_value_and_midpoint():
     with np.errstate(over="ignore", invalid="ignore"):
         reference = tests.astype(ml_dtypes.bfloat16)
     assert ((out.view(np.uint16) == reference.view(np.uint16)) | np.isnan(tests)).all()
+
+
+@pytest.mark.parametrize("args", [["--help"], ["--version"], ["norm", "--help"], ["report", "--help"],
+                                  ["diff", "--help"], ["complete"]])
+def test_start_up_imports_no_numpy_rich_or_format_library(args):
+    import json as _json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ)
+    if args == ["complete"]:
+        env.update({"_TCLIP_COMPLETE": "bash_complete", "COMP_WORDS": "tclip no", "COMP_CWORD": "1"})
+        args = []
+    code = ("import sys, json\n"
+            f"sys.argv = ['tclip', *{args!r}]\n"
+            "from tclip._entry import main\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'numpy', 'rich', 'h5py', 'safetensors', "
+            "'ml_dtypes', 'hdf5plugin'})\n"
+            "print(json.dumps(heavy), file=sys.stderr)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert _json.loads(result.stderr.strip().splitlines()[-1]) == []

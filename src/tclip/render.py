@@ -491,13 +491,17 @@ def skipped_lines(report: FileReport, symbols: Symbols = UNICODE) -> list[Text]:
     reasons: dict[str, list[str]] = {}
     for t in report.tensors:
         if t.skipped is not None and t.skipped != "not selected":
-            reasons.setdefault(t.skipped, []).append(t.name)
+            if t.norm is not None:  # the report measured it whole
+                reasons.setdefault(f"no slices: {t.skipped}; measured whole", []).append(t.name)
+            else:
+                reasons.setdefault(t.skipped, []).append(t.name)
     for o in report.others:
         reasons.setdefault(f"not a tensor: {o.kind}", []).append(o.name)
     lines = []
     for reason, names in reasons.items():
         shown = ", ".join(safe(n) for n in names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
-        lines.append(Text(f"skipped ({safe(reason)}): {shown}", style="dim"))
+        label = safe(reason) if reason.startswith("no slices") else f"skipped ({safe(reason)})"
+        lines.append(Text(f"{label}: {shown}", style="dim"))
     return lines
 
 

@@ -103,7 +103,7 @@ def make_console(stderr: bool, color: str) -> tuple[Any, int | None]:
         tty = False
     kwargs: dict[str, Any] = {"stderr": stderr, "highlight": False, "emoji": False, "markup": False}
     if color == "never":
-        kwargs["no_color"] = True
+        kwargs["color_system"] = None  # no escape codes at all (NO_COLOR keeps bold and dim)
     elif color == "always":
         kwargs["force_terminal"] = True
     if not tty:
