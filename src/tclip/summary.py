@@ -14,7 +14,17 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from .render import Column, fmt_column, lay_out, natural_key, print_lines, safe, sparkline, symbols_for
+from .render import (
+    Column,
+    fmt_column,
+    lay_out,
+    natural_key,
+    print_lines,
+    safe,
+    shorten_names,
+    sparkline,
+    symbols_for,
+)
 from .report import SCHEMA_VERSION, FileReport, json_safe
 
 TOP_CHANGES = 10
@@ -92,18 +102,27 @@ def render_across_files(reports: list[FileReport], console: Console, width: int 
     largest = [_largest(r) for r in ordered]
     globals_ = [r.global_norm for r in ordered]
     spark = sparkline([g if g is not None else math.nan for g in globals_], symbols)
+    stems = _stems([r.file for r in ordered])
+    norms = fmt_column(globals_, symbols.dash)
+    largest_norms = fmt_column([v for _, v in largest], symbols.dash)
+    nonfinite = [f"{sum(t.nan for t in r.tensors)}/{sum(t.inf for t in r.tensors)}" if r.nonfinite_tensors else "0"
+                 for r in ordered]
+    # The largest tensor's name is what this view is for: it is shortened (never dropped)
+    # to the room the other columns leave.
+    fixed = (max(len(s) for s in stems.values()) + max(11, max(map(len, norms))) + 1 + max(8, max(map(len, largest_norms)))
+             + 7 + 2 * 5)
+    room = None if width is None else max(16, width - fixed)
+    names = shorten_names([n or symbols.dash for n, _ in largest], room, symbols.ellipsis)
     columns = [
-        Column("global", "global norm", [Text(x) for x in fmt_column(globals_, symbols.dash)], "right"),
+        Column("global", "global norm", [Text(x) for x in norms], "right"),
         Column("trend", "", [Text(c, style="cyan") for c in spark], drop=0),
-        Column("largest", "largest tensor", [Text(safe(n or symbols.dash)) for n, _ in largest], drop=2),
-        Column("largest_norm", "its norm", [Text(x) for x in fmt_column([v for _, v in largest], symbols.dash)],
-               "right", drop=1),
-        Column("nonfinite", "NaN/Inf", [Text(f"{sum(t.nan for t in r.tensors)}/{sum(t.inf for t in r.tensors)}",
-                                             style="bold magenta")
-                                        if r.nonfinite_tensors else Text("0", style="dim") for r in ordered], "right"),
+        Column("largest", "largest tensor", [Text(safe(names[n or symbols.dash])) for n, _ in largest]),
+        Column("largest_norm", "its norm", [Text(x) for x in largest_norms], "right"),
+        Column("nonfinite", "NaN/Inf", [Text(x, style="bold magenta" if x != "0" else "dim") for x in nonfinite],
+               "right"),
     ]
     lines = [Text(f"{len(ordered)} files, global norm {spark}", style="bold")]
-    lines += lay_out([r.file for r in ordered], columns, width, symbols, name_header="file")
+    lines += lay_out([stems[r.file] for r in ordered], columns, width, symbols, name_header="file")
     moves = []
     for previous, current in zip(ordered, ordered[1:]):
         for change in changes(previous, current):
@@ -115,24 +134,32 @@ def render_across_files(reports: list[FileReport], console: Console, width: int 
     if moves:
         lines.append(Text(""))
         lines.append(Text("largest changes between consecutive files", style="bold"))
-        labels = [f"{safe(c['name'])}" for c, _, _ in moves]
         cols = [
-            Column("where", "between", [Text(f"{safe(_short(a))} {symbols.arrow} {safe(_short(b))}")
-                                        for _, a, b in moves], drop=1),
+            Column("where", "between", [Text(f"{safe(stems[a])} {symbols.arrow} {safe(stems[b])}")
+                                        for _, a, b in moves]),
             Column("before", "before", [Text(x) for x in fmt_column([c["norm_before"] for c, _, _ in moves])],
-                   "right"),
-            Column("after", "after", [Text(x) for x in fmt_column([c["norm_after"] for c, _, _ in moves])], "right"),
+                   "right", drop=1),
+            Column("after", "after", [Text(x) for x in fmt_column([c["norm_after"] for c, _, _ in moves])], "right",
+                   drop=2),
             Column("ratio", "change", [Text(_ratio(c, symbols.times),
                                             style="bold red" if c["nonfinite_appeared"] else None)
                                        for c, _, _ in moves], "right"),
         ]
-        lines += lay_out(labels, cols, width, symbols)
+        lines += lay_out([c["name"] for c, _, _ in moves], cols, width, symbols)
     print_lines(console, lines)
     console.print()
 
 
-def _short(path: str) -> str:
-    return path.rsplit("/", 1)[-1]
+def _stems(paths: list[str]) -> dict[str, str]:
+    """File names without the folder and without a suffix they all share (``step_400``)."""
+    names = {p: p.rsplit("/", 1)[-1] for p in paths}
+    suffixes = {n[n.rfind("."):] if "." in n else "" for n in names.values()}
+    if len(suffixes) == 1 and len(set(names.values())) == len(paths):
+        suffix = suffixes.pop()
+        names = {p: n[: len(n) - len(suffix)] if suffix else n for p, n in names.items()}
+    if len(set(names.values())) != len(paths):
+        return {p: p for p in paths}  # same names in different folders: the whole paths
+    return names
 
 
 def _ratio(change: dict[str, Any], times: str) -> str:
@@ -140,5 +167,7 @@ def _ratio(change: dict[str, Any], times: str) -> str:
         return "NaN/Inf"
     ratio = change["ratio"]
     if not math.isfinite(ratio):
-        return "from 0" if ratio == math.inf else "nan"
+        if ratio == math.inf:
+            return "from 0"
+        return "NaN/Inf gone" if not math.isfinite(change["norm_before"]) else "nan"
     return f"{times}{ratio:.3g}"
