@@ -230,6 +230,10 @@ class _Accumulator:
 # --------------------------------------------------------------------------- files
 
 
+def _floating_name(dtype: str | None) -> bool:
+    return bool(dtype) and (dtype.startswith(("float", "bfloat")) or "float" in dtype)  # type: ignore[union-attr]
+
+
 def _comparable(info: TensorInfo) -> bool:
     return info.numeric and not info.refused
 
@@ -300,7 +304,9 @@ def diff_files(a: Path | str, b: Path | str, *, rtol: float = 0.0, atol: float =
             report.tensors.append(TensorDiff(name, None, None, list(info_b.shape), None, dtype_name(info_b.dtype),
                                              "only in B"))
         _compare_pairs(reader_a, reader_b, pairs, report, Budget(memory, threads, block_bytes))
-    compared = [t for t in report.tensors if t.status == "compared"]
+    # The global figures cover floating tensors, as the report's global norm does (a step
+    # counter would swamp them).
+    compared = [t for t in report.tensors if t.status == "compared" and _floating_name(t.dtype_a)]
     report.global_diff_norm = math.sqrt(math.fsum((t.diff_norm or 0.0) ** 2 for t in compared
                                                   if t.diff_norm is not None and math.isfinite(t.diff_norm)))
     report.global_norm_a = math.sqrt(math.fsum((t.norm_a or 0.0) ** 2 for t in compared
