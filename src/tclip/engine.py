@@ -33,7 +33,7 @@ MiB = 1 << 20
 DEFAULT_MEMORY = 256 * MiB
 MIN_MEMORY = 16 * MiB
 MAX_BLOCK_BYTES = 8 * MiB
-# Set aside from --memory for per-slice statistics, scale arrays and bookkeeping.
+# An eighth of --memory is set aside for per-slice statistics, scale arrays and bookkeeping.
 RESERVE_FRACTION = 8
 
 
@@ -70,14 +70,14 @@ class Budget:
     @property
     def slice_bytes(self) -> int:
         """What per-slice statistics and scales of one file may take."""
-        return self.memory // RESERVE_FRACTION * 3
+        return self.memory // RESERVE_FRACTION
 
     def layout(self, itemsize: int) -> tuple[int, int, int]:
         """(threads, blocks in flight, block bytes) for tensors of ``itemsize``-byte elements."""
         threads = self.workers
         scratch = UNIT_ELEMENTS * Scratch.BYTES_PER_ELEMENT
         unit_bytes = UNIT_ELEMENTS * max(1, itemsize)
-        available = self.memory - self.memory // RESERVE_FRACTION * 3
+        available = self.memory - self.memory // RESERVE_FRACTION
         inflight = threads + 2 if threads > 1 else 1
         while inflight > 1 and available - threads * scratch < inflight * min(unit_bytes, MiB):
             threads = max(1, threads - 1)
