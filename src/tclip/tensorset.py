@@ -644,7 +644,13 @@ def run_sets(runner: Any, mode: Any, inputs: list[tuple[str, Path | None]], opti
              dask_address: str | None) -> int:
     from .render import render_file
 
-    total = sum(f.stat().st_size for _, p in inputs if p is not None for f in ([p] if not is_index(p) else []))
+    total = 0
+    for _, path in inputs:
+        try:
+            files = load_index(path).files if is_index(path) else ([path] if path is not None else [])
+            total += sum(f.stat().st_size for f in files if f.exists())
+        except TclipError:
+            pass  # reported when the set runs
     with runner.progress(2 * total) as progress:
         for name, tensor_set in group_sets(inputs, across):
             if tensor_set is None:
