@@ -195,15 +195,19 @@ stats = file_statistics({str(path)!r})
 t2 = time.perf_counter()
 plan = make_plan(GlobalNormClip(1.0), [stats])
 t3 = time.perf_counter()
-rewrite_file({str(path)!r}, plan.work[stats.path], Path({str(out)!r}), overwrite=True)
+rewrite_file({str(path)!r}, plan.work[stats.path], None, measure_after=False)
 t4 = time.perf_counter()
+rewrite_file({str(path)!r}, plan.work[stats.path], Path({str(out)!r}), overwrite=True, measure_after=False)
+t5 = time.perf_counter()
 print(json.dumps({{"imports": t1 - t0, "pass 1 (read + statistics)": t2 - t1, "plan": t3 - t2,
-                  "pass 2 (read + scale + write + fsync)": t4 - t3}}))
+                  "pass 2 without writing": t4 - t3, "pass 2 (read + scale + write + fsync)": t5 - t4}}))
 """
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    out.unlink(missing_ok=True)
-    figures = json.loads(result.stdout)
-    return "  ".join(f"{k} {v:.3f} s" for k, v in figures.items())
+    runs = []
+    for _ in range(3):
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        out.unlink(missing_ok=True)
+        runs.append(json.loads(result.stdout))
+    return "  ".join(f"{k} {statistics.median(r[k] for r in runs):.3f} s" for k in runs[0])
 
 
 def main() -> None:
@@ -221,6 +225,7 @@ def main() -> None:
     parser.add_argument("--rss", action="store_true")
     parser.add_argument("--stages", action="store_true")
     parser.add_argument("--keep", action="store_true", help="keep the generated files (and reuse them next time)")
+    parser.add_argument("--stages-only", action="store_true", help="only the in-process stage times (medians of 3)")
     args = parser.parse_args()
     torch_python = args.torch_python
     if torch_python is None:
@@ -241,6 +246,9 @@ def main() -> None:
                     continue  # the other formats are measured on float32 (.npz/HDF5 cannot hold bfloat16)
                 path = make_file(folder, kind, dtype_name, args.mib)
                 out = folder / f"out{path.suffix}"
+                if args.stages_only:
+                    print(f"{dtype_name} {kind}: {stages(path, out)}")
+                    continue
                 suite = commands(path, out, torch_python, dtype_name, kind)
                 label = f"{dtype_name} {kind}"
                 medians = table(label, path.stat().st_size, measure(path, out, suite, args.repeat))
