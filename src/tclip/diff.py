@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from .dtypes import dtype_name, is_bool, is_complex, is_integral
-from .engine import Budget, BlockRunner, Job
+from .engine import Budget, BlockRunner, Job, tensor_jobs
 from .errors import TclipError
 from .formats import TensorInfo, TensorReader
 from .kernels import dot
@@ -324,12 +324,8 @@ def _compare_pairs(reader_a: TensorReader, reader_b: TensorReader, pairs: list[t
     with BlockRunner(budget, 2 * itemsize) as runner:
         def jobs() -> Iterator[Job]:
             for entry, old, _ in pairs:
-                info = reader_a.tensors[old]
-                grid = UnitGrid.of(tuple(info.shape))
-                per_block = max(1, runner.block_bytes // (2 * max(1, itemsize)))
-                for first, stop in grid.blocks(per_block):
-                    start, end = grid.span(first, stop)
-                    yield Job(entry.name, first, stop, start, end)
+                grid = UnitGrid.of(tuple(reader_a.tensors[old].shape))
+                yield from tensor_jobs(entry.name, grid, 2 * itemsize, runner.block_bytes)
 
         def read(reader: TensorReader, name: str, job: Job, out: np.ndarray | None) -> np.ndarray:
             info = reader.tensors[name]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +27,7 @@ import numpy as np
 
 from . import interrupt
 from .kernels import Scratch
-from .units import UNIT_ELEMENTS
+from .units import UNIT_ELEMENTS, UnitGrid
 
 MiB = 1 << 20
 DEFAULT_MEMORY = 256 * MiB
@@ -102,6 +102,14 @@ class Job:
     action: Callable[[], Any] | None = None
     data: Any = None  # the block, when the main thread read it
     buffer: np.ndarray | None = None
+
+
+def tensor_jobs(name: str, grid: UnitGrid, itemsize: int, block_bytes: int, align: int = 0) -> Iterator[Job]:
+    """The block jobs covering one tensor: runs of whole units of about ``block_bytes``."""
+    per_block = max(1, block_bytes // max(1, itemsize))
+    for first, stop in grid.blocks(per_block, align):
+        start, end = grid.span(first, stop)
+        yield Job(name, first, stop, start, end)
 
 
 class BlockRunner:

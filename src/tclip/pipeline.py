@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from .dtypes import dtype_name, is_floating
-from .engine import Budget, BlockRunner, Job
+from .engine import Budget, BlockRunner, Job, tensor_jobs
 from .errors import NonFiniteError, OutputExistsError, TclipError, UnsupportedError
 from .formats import (
     DEFAULT_BLOCK_BYTES,
@@ -327,12 +327,8 @@ def _statistics(reader: TensorReader, selection: Selection, axes: object, track_
     with BlockRunner(budget, itemsize) as runner:
         def jobs() -> Iterator[Job]:
             for name in to_read:
-                info = reader.tensors[name]
-                grid, _ = layouts[name]
-                per_block = max(1, runner.block_bytes // max(1, info.dtype.itemsize))
-                for first, stop in grid.blocks(per_block, reader.align(name)):
-                    start, end = grid.span(first, stop)
-                    yield Job(name, first, stop, start, end)
+                yield from tensor_jobs(name, layouts[name][0], reader.tensors[name].dtype.itemsize,
+                                       runner.block_bytes, reader.align(name))
 
         def read(job: Job, buffer: np.ndarray) -> np.ndarray:
             return reader.read_flat(job.name, job.start, job.end, buffer)
@@ -568,11 +564,8 @@ def _run_rewrite(reader: TensorReader, writer: TensorWriter | None, work: dict[s
                 if name not in work:
                     yield Job(name, kind="main", action=lambda n=name: copy(n))
                     continue
-                grid, _ = layouts[name]
-                per_block = max(1, runner.block_bytes // max(1, info.dtype.itemsize))
-                for first, stop in grid.blocks(per_block, reader.align(name)):
-                    start, end = grid.span(first, stop)
-                    yield Job(name, first, stop, start, end)
+                yield from tensor_jobs(name, layouts[name][0], info.dtype.itemsize, runner.block_bytes,
+                                       reader.align(name))
 
         def read(job: Job, buffer: np.ndarray) -> np.ndarray:
             kept = held.data.get(job.name) if held is not None else None

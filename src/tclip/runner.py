@@ -259,6 +259,7 @@ def run_clip(mode: Any, *, files: tuple[str, ...], recursive: bool, output: Path
              memory: int, drop_nonnumeric: bool, across_files: bool, dask_address: str | None,
              strict: bool = False) -> int:
     from .pipeline import ClipOptions, Selection, clip_file
+    from .tensorset import clip_set, group_sets, is_index, load_index
 
     runner = Runner(as_json, quiet, color, fail_fast)
     if out_dir is not None and not dry_run:
@@ -273,23 +274,31 @@ def run_clip(mode: Any, *, files: tuple[str, ...], recursive: bool, output: Path
                           dry_run=dry_run, memory=memory, threads=threads or 0, drop_nonnumeric=drop_nonnumeric,
                           measure_after=as_json or not quiet)
     inputs = runner.expand(files, recursive)
-    from .tensorset import is_index, run_sets
-
-    if across_files or dask_address is not None or any(p is not None and is_index(p) for _, p in inputs):
-        return run_sets(runner, mode, inputs, options, across_files, dask_address)
+    use_sets = across_files or dask_address is not None or any(is_index(p) for _, p in inputs)
+    total = 0
+    for _, path in inputs:
+        try:
+            members = load_index(path).files if is_index(path) else ([path] if path is not None else [])
+            total += sum(f.stat().st_size for f in members if f.exists())
+        except (TclipError, OSError):
+            pass  # reported when it runs
 
     def show(report: Any) -> None:
         from .render import render_file
 
         render_file(report, runner.out, width=runner.width)
 
-    with runner.progress(2 * _sizes(inputs)) as progress:
-        for name, path in inputs:
-            if path is None:
+    with runner.progress(2 * total) as progress:
+        for name, item in (group_sets(inputs, across_files) if use_sets else inputs):
+            if item is None:
                 runner.error(name, f"{name}: no tensor files match")
+            elif use_sets:
+                report = runner.attempt(name, lambda s=item: clip_set(s, mode, options, dask_address, progress))
+                if report is not None:
+                    runner.done(name, report, show)
             else:
-                report = runner.attempt(name, lambda p=path: clip_file(
-                    p, mode, options, None if progress is None else progress(name)))
+                report = runner.attempt(name, lambda p=item, n=name: clip_file(
+                    p, mode, options, None if progress is None else progress(n)))
                 if report is not None:
                     runner.done(name, report, show)
             if runner.failed and fail_fast:
@@ -335,20 +344,30 @@ def check_report(report: Any, max_norm: float, per_slice: bool) -> list[str]:
     return reasons
 
 
+def apply_gate(runner: Runner, report: Any, max_norm: float, per_slice: bool, where: object) -> None:
+    """``report --max-norm``: a pattern that matches nothing is an error; a failed check a warning kept by -q."""
+    report.params["max_norm"] = max_norm
+    unmatched = [w for w in report.warnings if w.startswith("pattern ")]
+    if unmatched:
+        raise TclipError(f"{'; '.join(unmatched)}: nothing to check", where)
+    reasons = check_report(report, max_norm, per_slice)
+    if reasons:
+        runner.checks_failed.append(str(where))
+        report.warnings.append("check failed: " + "; ".join(reasons))
+
+
 def run_report(*, files: tuple[str, ...], recursive: bool, order: str, axes: tuple[int, ...] | None,
                max_norm: float | None, sort: str, top: int | None, stats: bool, summary: bool, across_files: bool,
                include: tuple[str, ...], exclude: tuple[str, ...], as_json: bool, quiet: bool, color: str,
                threads: int | None, memory: int) -> int:
+    from .engine import Budget
     from .pipeline import Selection, report_file
+    from .tensorset import group_sets, is_index, report_set
 
     runner = Runner(as_json, quiet, color)
     selection = Selection(include, exclude)
     inputs = runner.expand(files, recursive)
-    from .tensorset import is_index, report_sets
-
-    if across_files or any(p is not None and is_index(p) for _, p in inputs):
-        return report_sets(runner, inputs, selection, order, axes, max_norm, sort, top, stats, summary,
-                           across_files, threads or 0, memory)
+    use_sets = across_files or any(is_index(p) for _, p in inputs)
     moments = stats or as_json
     reports = []
 
@@ -357,28 +376,23 @@ def run_report(*, files: tuple[str, ...], recursive: bool, order: str, axes: tup
 
         render_file(report, runner.out, width=runner.width, sort=sort, top=top, stats=stats)
 
-    with runner.progress(_sizes(inputs)) as progress:
-        for name, path in inputs:
-            if path is None:
+    def measure(name: str, item: Any, progress: Any) -> Any:
+        if use_sets:
+            report = report_set(item, selection, order, axes, moments, Budget(memory, threads or 0), progress)
+        else:
+            report = report_file(item, axes=axes, ord=order, selection=selection, moments=moments,
+                                 progress=None if progress is None else progress(name), memory=memory,
+                                 threads=threads or 0)
+        if max_norm is not None:
+            apply_gate(runner, report, max_norm, axes is not None, item.name if use_sets else item)
+        return report
+
+    with runner.progress(0 if use_sets else _sizes(inputs)) as progress:
+        for name, item in (group_sets(inputs, across_files) if use_sets else inputs):
+            if item is None:
                 runner.error(name, f"{name}: no tensor files match")
                 continue
-
-            def work(p: Path = path, n: str = name) -> Any:
-                report = report_file(p, axes=axes, ord=order, selection=selection, moments=moments,
-                                     progress=None if progress is None else progress(n), memory=memory,
-                                     threads=threads or 0)
-                if max_norm is not None:
-                    report.params["max_norm"] = max_norm
-                    unmatched = [w for w in report.warnings if w.startswith("pattern ")]
-                    if unmatched:
-                        raise TclipError(f"{'; '.join(unmatched)}: nothing to check", p)
-                    reasons = check_report(report, max_norm, axes is not None)
-                    if reasons:
-                        runner.checks_failed.append(n)
-                        report.warnings.append("check failed: " + "; ".join(reasons))
-                return report
-
-            report = runner.attempt(name, work)
+            report = runner.attempt(name, lambda n=name, i=item: measure(n, i, progress))
             if report is None:
                 continue
             if summary:

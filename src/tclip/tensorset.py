@@ -425,22 +425,12 @@ def _finish_set_report(report: FileReport, stats: list[FileStats], plan: Plan, r
 
 def _write_index(tensor_set: TensorSet, target: Path, stats: list[FileStats], overwrite: bool) -> None:
     """The index, last: same weight_map, total_size recomputed from the shards' headers."""
-    from .formats.base import AtomicOutput
-
     data = json.loads(json.dumps(tensor_set.index_data))
     metadata = dict(data.get("metadata") or {})
     metadata.pop(IN_PROGRESS_KEY, None)
     metadata["total_size"] = sum(t.nbytes for s in stats for t in s.tensors)
     data["metadata"] = metadata
-    output = AtomicOutput(target, overwrite=overwrite, mode_from=tensor_set.index)
-    try:
-        with open(output.temp, "w", encoding="utf-8") as handle:
-            json.dump(data, handle, indent=2, ensure_ascii=False)
-            handle.write("\n")
-        output.commit()
-    except BaseException:
-        output.abort()
-        raise
+    _atomic_json(target, data, tensor_set.index, overwrite=overwrite)
 
 
 def _journal_path(tensor_set: TensorSet) -> Path:
@@ -459,10 +449,10 @@ def _mark_index(tensor_set: TensorSet, journal: Path) -> None:
     _atomic_json(tensor_set.index, data, tensor_set.index)
 
 
-def _atomic_json(target: Path, data: Any, mode_from: Path | None = None) -> None:
+def _atomic_json(target: Path, data: Any, mode_from: Path | None = None, overwrite: bool = True) -> None:
     from .formats.base import AtomicOutput
 
-    output = AtomicOutput(target, overwrite=True, mode_from=mode_from)
+    output = AtomicOutput(target, overwrite=overwrite, mode_from=mode_from)
     try:
         with open(output.temp, "w", encoding="utf-8") as handle:
             json.dump(data, handle, indent=2, ensure_ascii=False)
@@ -635,79 +625,3 @@ def open_any(path: Path) -> TensorReader:
     if is_index(path):
         return SetReader(_resolve(TensorSet(str(path), [], path)))
     return open_reader(path)
-
-
-# --------------------------------------------------------------------------- the CLI's side
-
-
-def run_sets(runner: Any, mode: Any, inputs: list[tuple[str, Path | None]], options: ClipOptions, across: bool,
-             dask_address: str | None) -> int:
-    from .render import render_file
-
-    total = 0
-    for _, path in inputs:
-        try:
-            files = load_index(path).files if is_index(path) else ([path] if path is not None else [])
-            total += sum(f.stat().st_size for f in files if f.exists())
-        except TclipError:
-            pass  # reported when the set runs
-    with runner.progress(2 * total) as progress:
-        for name, tensor_set in group_sets(inputs, across):
-            if tensor_set is None:
-                runner.error(name, f"{name}: no tensor files match")
-                continue
-            report = runner.attempt(name, lambda s=tensor_set: clip_set(s, mode, options, dask_address, progress))
-            if report is not None:
-                runner.done(name, report, lambda r: render_file(r, runner.out, width=runner.width))
-            if runner.failed and runner.fail_fast:
-                break
-    return runner.finish()
-
-
-def report_sets(runner: Any, inputs: list[tuple[str, Path | None]], selection: Selection, order: str, axes: Any,
-                max_norm: float | None, sort: str, top: int | None, stats: bool, summary: bool, across: bool,
-                threads: int, memory: int) -> int:
-    from .render import render_file
-    from .runner import EXIT_CHECK_FAILED, check_report
-
-    budget = Budget(memory, threads)
-    reports = []
-    with runner.progress(0) as progress:
-        for name, tensor_set in group_sets(inputs, across):
-            if tensor_set is None:
-                runner.error(name, f"{name}: no tensor files match")
-                continue
-
-            def work(s: TensorSet = tensor_set) -> FileReport:
-                report = report_set(s, selection, order, axes, stats or runner.as_json, budget, progress)
-                if max_norm is not None:
-                    report.params["max_norm"] = max_norm
-                    unmatched = [w for w in report.warnings if w.startswith("pattern ")]
-                    if unmatched:
-                        raise TclipError(f"{'; '.join(unmatched)}: nothing to check", s.name)
-                    reasons = check_report(report, max_norm, axes is not None)
-                    if reasons:
-                        runner.checks_failed.append(s.name)
-                        report.warnings.append("check failed: " + "; ".join(reasons))
-                return report
-
-            report = runner.attempt(name, work)
-            if report is None:
-                continue
-            if summary:
-                reports.append(report)
-                runner.ok += 1
-            else:
-                runner.done(name, report, lambda r: render_file(r, runner.out, width=runner.width, sort=sort,
-                                                                top=top, stats=stats))
-    if summary:
-        from .summary import render_across_files, summary_json
-
-        if runner.as_json:
-            for item in summary_json(reports):
-                runner.emit(item)
-        elif not runner.quiet:
-            render_across_files(reports, runner.out, runner.width)
-        return 1 if runner.failed else (EXIT_CHECK_FAILED if runner.checks_failed else 0)
-    return runner.finish()
-

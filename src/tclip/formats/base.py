@@ -292,6 +292,13 @@ def write_all(handle: BinaryIO, data: np.ndarray, fortran: bool = False) -> None
     handle.write(as_bytes(array))
 
 
+def flat_result(dtype: np.dtype, count: int, out: np.ndarray | None) -> np.ndarray:
+    """``count`` elements of ``dtype``: a view of ``out`` (raw bytes) when it is large enough, else new."""
+    if out is not None and out.size >= count * dtype.itemsize:
+        return out[: count * dtype.itemsize].view(dtype)
+    return np.empty(count, dtype)
+
+
 # --------------------------------------------------------------------------- protocol
 
 
@@ -357,11 +364,7 @@ class TensorReader(ABC):
         info = self.tensors[name]
         if info.refused:
             raise TclipError(f"tensor {name!r}: {info.refused}", self.path)
-        count = stop - start
-        if out is not None and out.size >= count * info.dtype.itemsize:
-            result = out[: count * info.dtype.itemsize].view(info.dtype)
-        else:
-            result = np.empty(count, info.dtype)
+        result = flat_result(info.dtype, stop - start, out)
         region = self.region(name)
         if region is not None:
             fd, offset = region

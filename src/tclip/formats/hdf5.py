@@ -52,6 +52,7 @@ from .base import (
     copy_except,
     copy_range,
     flat_rectangles,
+    flat_result,
     layout_blocks,
     pread_into,
     pwrite_all,
@@ -352,12 +353,7 @@ class Hdf5Reader(TensorReader):
 
     def read_flat(self, name: str, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
         if name in self.raw_chunks:
-            info = self.tensors[name]
-            count = stop - start
-            if out is not None and out.size >= count * info.dtype.itemsize:
-                result = out[: count * info.dtype.itemsize].view(info.dtype)
-            else:
-                result = np.empty(count, info.dtype)
+            result = flat_result(self.tensors[name].dtype, stop - start, out)
             chunks = self.chunk_offsets(name)
             chunks.transfer(self._raw_fd, result, start, stop, self.path, write=False)
             return result
@@ -369,11 +365,7 @@ class Hdf5Reader(TensorReader):
             by_row = self._sparse[name]
             if by_row is None:
                 by_row = self._sparse[name] = self._allocated_chunks(dataset)
-            count = stop - start
-            if out is not None and out.size >= count * info.dtype.itemsize:
-                result = out[: count * info.dtype.itemsize].view(info.dtype)
-            else:
-                result = np.empty(count, info.dtype)
+            result = flat_result(info.dtype, stop - start, out)
             fill = dataset.fillvalue
             result[...] = fill if fill is not None else 0
             chunks = dataset.chunks
