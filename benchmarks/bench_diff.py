@@ -20,9 +20,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-from safetensors.numpy import save_file
-
 
 def run_once(command: list[str]) -> tuple[float, float]:
     started = time.perf_counter()

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from .dtypes import dtype_name, is_bool, is_complex, is_integral
-from .engine import Budget, BlockRunner, Job, tensor_jobs
+from .engine import BlockRunner, Budget, Job, tensor_jobs
 from .errors import TclipError
 from .formats import TensorInfo, TensorReader
 from .kernels import dot

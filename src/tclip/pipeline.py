@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from .dtypes import dtype_name, is_floating
-from .engine import Budget, BlockRunner, Job, tensor_jobs
+from .engine import BlockRunner, Budget, Job, tensor_jobs
 from .errors import NonFiniteError, OutputExistsError, TclipError, UnsupportedError
 from .formats import (
     DEFAULT_BLOCK_BYTES,

@@ -652,7 +652,8 @@ def render_info(info: InfoReport, console: Console, *, width: int | None = -1, s
         lines.append(Text("not tensors", style="bold"))
         for o in info.others:
             shape = symbols.times.join(map(str, o.shape)) if o.shape else ""
-            lines.append(Text(f"  {safe(o.name)}  {safe(o.kind)}  {shape} {safe(o.dtype)}  ({safe(o.reason)})".rstrip()))
+            text = f"  {safe(o.name)}  {safe(o.kind)}  {shape} {safe(o.dtype)}  ({safe(o.reason)})"
+            lines.append(Text(text.rstrip()))
     if info.metadata:
         lines.append(Text("metadata", style="bold"))
         key_width = min(40, max(len(safe(k)) for k in info.metadata))

@@ -109,8 +109,8 @@ def render_across_files(reports: list[FileReport], console: Console, width: int 
                  for r in ordered]
     # The largest tensor's name is what this view is for: it is shortened (never dropped)
     # to the room the other columns leave.
-    fixed = (max(len(s) for s in stems.values()) + max(11, max(map(len, norms))) + 1 + max(8, max(map(len, largest_norms)))
-             + 7 + 2 * 5)
+    fixed = (max(len(s) for s in stems.values()) + max(11, max(map(len, norms))) + 1
+             + max(8, max(map(len, largest_norms))) + 7 + 2 * 5)
     room = None if width is None else max(16, width - fixed)
     names = shorten_names([n or symbols.dash for n, _ in largest], room, symbols.ellipsis)
     columns = [

@@ -349,7 +349,8 @@ def _rewrite_all(engine: Engine, calls: list, order: list[Path], journal: Path |
         return engine.map(rewrite_task, calls)
     # In place: every shard that is replaced is written down in the journal as soon as it
     # is, even when the run stops (an error, Ctrl-C) while other shards are being written.
-    futures = {engine.executor.submit(rewrite_task, *args, **kwargs): file for (args, kwargs), file in zip(calls, order)}
+    futures = {engine.executor.submit(rewrite_task, *args, **kwargs): file
+               for (args, kwargs), file in zip(calls, order)}
     results: dict[Path, RewriteResult] = {}
     try:
         for future in as_completed(futures):
