@@ -254,6 +254,26 @@ def test_a_signal_leaves_the_old_or_the_new_file(tmp_path, suffix, signum, delay
         assert not list(tmp_path.glob("*.tclip-tmp"))
 
 
+def test_temps_of_dead_runs_on_this_host_are_removed_once_and_nothing_else(tmp_path):
+    from tclip.formats import base
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True)
+    dead = int(finished.stdout)
+    stale = tmp_path / f".g.npy.{base._HOST}.{dead}.0123abcd.tclip-tmp"
+    alive = tmp_path / f".g.npy.{base._HOST}.{os.getppid()}.0123abcd.tclip-tmp"
+    other_host = tmp_path / f".g.npy.otherhost.{dead}.0123abcd.tclip-tmp"
+    lookalike = tmp_path / f".g.npy.{base._HOST}.{dead}.tclip-tmp"
+    for path in (stale, alive, other_host, lookalike):
+        path.write_bytes(b"x")
+    np.save(tmp_path / "g.npy", np.ones(4))
+    assert run("norm", "--clip", "1", tmp_path / "g.npy").exit_code == 0
+    assert not stale.exists()
+    assert alive.exists() and other_host.exists() and lookalike.exists()
+    stale.write_bytes(b"x")  # the folder is looked at once per process
+    assert run("norm", "--clip", "1", "--force", tmp_path / "g.npy").exit_code == 0
+    assert stale.exists()
+
+
 def test_temporary_file_has_the_final_mode_from_the_start(tmp_path):
     source = tmp_path / "private.npy"
     np.save(source, np.ones(3))

@@ -603,10 +603,18 @@ _TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.(?P<host>[A-Za-z0-9-]+)\.(?P<pid>\d+)
 LIVE_TEMPS: set[str] = set()
 
 
+_SWEPT: set[str] = set()
+
+
 def remove_stale_temps(folder: Path) -> list[Path]:
     """Remove temporary files that earlier tclip runs on this host left in ``folder``
-    (killed with SIGKILL, or a power loss): those whose process no longer exists."""
-    removed = []
+    (killed with SIGKILL, or a power loss): those whose process no longer exists.
+    Each folder is looked at once per process."""
+    removed: list[Path] = []
+    key = os.path.realpath(folder)
+    if key in _SWEPT:
+        return removed
+    _SWEPT.add(key)
     try:
         entries = list(os.scandir(folder))
     except OSError:
