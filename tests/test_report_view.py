@@ -319,6 +319,16 @@ def test_sort_natural_and_top(tmp_path):
     assert "2 more tensor(s) not shown (--top 1)" in top
 
 
+def test_clip_tables_and_info_list_names_in_natural_order_too(tmp_path):
+    names = [f"layers.{i}.w" for i in (10, 2, 1)]
+    source = write_st(tmp_path / "g.safetensors", names)  # the header keeps them as layers.1, layers.10, layers.2
+    for args in (["norm", "--clip", "1", "--dry-run"], ["global", "--clip", "1", "--dry-run"], ["info"]):
+        text = run(*args, source).stdout
+        assert text.index("layers.1.w") < text.index("layers.2.w") < text.index("layers.10.w"), args
+    text = run("info", "--sort", "order", source).stdout
+    assert text.index("layers.1.w") < text.index("layers.10.w") < text.index("layers.2.w")
+
+
 def test_slices_by_index_smallest_and_dead(tmp_path):
     w = np.ones((64, 8), np.float32)
     w[[7, 42]] *= 100

@@ -12,6 +12,7 @@ stay fast.
 
 from __future__ import annotations
 
+import functools
 import glob
 import math
 import re
@@ -108,6 +109,8 @@ def engine_options(f: Callable) -> Callable:
 
 
 def selection_options(f: Callable, verb: str = "Clip") -> Callable:
+    if isinstance(f, str):  # @selection_options("Report"): the verb for the help text
+        return functools.partial(selection_options, verb=f)  # type: ignore[return-value]
     f = click.option("--exclude", multiple=True, metavar="GLOB",
                      help="Leave tensors whose names match (repeatable).")(f)
     return click.option("--include", multiple=True, metavar="GLOB",
@@ -315,7 +318,7 @@ def global_command(ctx: click.Context, clip_norm: float, use_norm: float | None,
               help="One row per file (natural order), then the tensors that changed most between files.")
 @click.option("--across-files", is_flag=True, help="Treat all FILEs as one tensor set (one global norm).")
 @engine_options
-@selection_options
+@selection_options("Include")
 @display_options
 @file_arguments
 @click.pass_context
@@ -336,8 +339,8 @@ def report_command(ctx: click.Context, **kwargs: Any) -> None:
 
 
 @cli.command("info")
-@click.option("--sort", type=click.Choice(["name", "order"]), default="order", show_default=True,
-              help="Rows in file order or by name (natural order).")
+@click.option("--sort", type=click.Choice(["name", "order"]), default="name", show_default=True,
+              help="Rows by name (natural order: layers.2 before layers.10) or file order.")
 @display_options
 @file_arguments
 @click.pass_context
@@ -366,7 +369,7 @@ def info_command(ctx: click.Context, **kwargs: Any) -> None:
               help="Rows by relative difference (largest first), by name, or in A's order.")
 @click.option("--top", type=click.IntRange(min=1), default=None, help="Only the K largest differences.")
 @engine_options
-@selection_options
+@selection_options("Compare")
 @display_options
 @click.pass_context
 def diff_command(ctx: click.Context, **kwargs: Any) -> None:

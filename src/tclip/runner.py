@@ -286,7 +286,7 @@ def run_clip(mode: Any, *, files: tuple[str, ...], recursive: bool, output: Path
     def show(report: Any) -> None:
         from .render import render_file
 
-        render_file(report, runner.out, width=runner.width)
+        render_file(report, runner.out, width=runner.width, sort="name")  # natural order, as report
 
     with runner.progress(2 * total) as progress:
         for name, item in (group_sets(inputs, across_files) if use_sets else inputs):
