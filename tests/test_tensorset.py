@@ -250,3 +250,24 @@ def test_a_worker_killed_mid_run_leaves_every_shard_old_or_new(tmp_path, cluster
         if process.returncode == 0:
             assert data == new
     client.wait_for_workers(1)
+
+
+def test_diff_takes_an_index_or_its_directory_on_either_side(tmp_path):
+    index = sharded(tmp_path / "ckpt")
+    one = single(tmp_path / "one")
+    same = run("diff", "--json", index, one)
+    assert same.exit_code == 0, same.output
+    assert json.loads(same.stdout)["tensors_compared"] == len(TENSORS)
+    assert run("global", "--clip", "1", "--out-dir", tmp_path / "out", index).exit_code == 0
+    moved = run("diff", "--json", tmp_path / "ckpt", tmp_path / "out")
+    assert moved.exit_code == 3, moved.output
+    report = json.loads(moved.stdout)
+    clipped = all_tensors(tmp_path / "out")
+    expected = np.sqrt(sum(np.sum((TENSORS[n].astype(np.float64) - clipped[n].astype(np.float64)) ** 2)
+                           for n in TENSORS))
+    assert report["tensors_differing"] == sum(bool(np.any(TENSORS[n] != clipped[n])) for n in TENSORS)
+    assert report["global_diff_norm"] == pytest.approx(expected, rel=1e-12)
+    (tmp_path / "empty").mkdir()
+    refused = run("diff", tmp_path / "empty", index)
+    assert refused.exit_code == 1
+    assert refused.stderr.startswith("Error: ") and "index" in refused.stderr

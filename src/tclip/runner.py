@@ -77,6 +77,19 @@ def expand_files(items: tuple[str, ...], recursive: bool) -> Iterator[tuple[str,
                 yield str(p), p
 
 
+def diff_input(item: str) -> str:
+    """A side of ``diff``: a file, an index, or a directory holding exactly one index."""
+    path = Path(item)
+    if not path.is_dir():
+        return item
+    indexes = sorted(path.glob("*.index.json"))
+    if len(indexes) == 1:
+        return str(indexes[0])
+    if not indexes:
+        raise TclipError("is a directory without a *.index.json; name a file or an index", item)
+    raise TclipError(f"holds {len(indexes)} indexes ({', '.join(p.name for p in indexes)}); name one", item)
+
+
 def _natural(text: str) -> list[Any]:
     return natural_key(text)
 
@@ -454,9 +467,9 @@ def run_diff(*, a: str, b: str, rtol: float, atol: float, mapping: tuple[str, ..
 
         raise click.BadParameter(str(error), param_hint="'--map'") from None
     name = f"{a} vs {b}"
-    result = runner.attempt(name, lambda: diff_files(a, b, rtol=rtol, atol=atol, mapping=renames,
-                                                     selection=Selection(include, exclude), memory=memory,
-                                                     threads=threads or 0))
+    result = runner.attempt(name, lambda: diff_files(diff_input(a), diff_input(b), rtol=rtol, atol=atol,
+                                                     mapping=renames, selection=Selection(include, exclude),
+                                                     memory=memory, threads=threads or 0))
     if result is None:
         return EXIT_FAILED
     if as_json:
