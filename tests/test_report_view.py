@@ -329,6 +329,14 @@ def test_clip_tables_and_info_list_names_in_natural_order_too(tmp_path):
     assert text.index("layers.1.w") < text.index("layers.10.w") < text.index("layers.2.w")
 
 
+def test_skipped_tensors_are_named_in_natural_order(tmp_path):
+    source = tmp_path / "g.safetensors"
+    source.write_bytes(safetensors_bytes({f"layers.{i}.bias": np.ones(3, np.float32) for i in (10, 2, 1)}
+                                         | {"layers.1.weight": np.ones((3, 3), np.float32)}))
+    text = run("report", "--axes", "1", source).stdout
+    assert "measured whole: layers.1.bias, layers.2.bias, layers.10.bias" in text
+
+
 def test_slices_by_index_smallest_and_dead(tmp_path):
     w = np.ones((64, 8), np.float32)
     w[[7, 42]] *= 100

@@ -489,12 +489,12 @@ def file_lines(report: FileReport, width: int | None, symbols: Symbols = UNICODE
 def skipped_lines(report: FileReport, symbols: Symbols = UNICODE) -> list[Text]:
     """'skipped (reason): name, …' grouped by reason, under the table; then what is not a tensor."""
     reasons: dict[str, list[str]] = {}
-    for t in report.tensors:
-        if t.skipped is not None and t.skipped != "not selected":
-            if t.norm is not None:  # the report measured it whole
-                reasons.setdefault(f"no slices: {t.skipped}; measured whole", []).append(t.name)
-            else:
-                reasons.setdefault(t.skipped, []).append(t.name)
+    skipped = [t for t in report.tensors if t.skipped is not None and t.skipped != "not selected"]
+    for t in sorted(skipped, key=lambda t: natural_key(t.name)):
+        if t.norm is not None:  # the report measured it whole
+            reasons.setdefault(f"no slices: {t.skipped}; measured whole", []).append(t.name)
+        else:
+            reasons.setdefault(t.skipped, []).append(t.name)
     for o in report.others:
         reasons.setdefault(f"not a tensor: {o.kind}", []).append(o.name)
     lines = []
