@@ -254,6 +254,18 @@ def test_a_signal_leaves_the_old_or_the_new_file(tmp_path, suffix, signum, delay
         assert not list(tmp_path.glob("*.tclip-tmp"))
 
 
+def test_keras3_weights_file_keeps_the_suffix_keras_loads_by(tmp_path):
+    source = tmp_path / "model.weights.h5"  # Keras 3's save_weights layout
+    with h5py.File(source, "w") as f:
+        f.create_dataset("layers/dense/vars/0", data=np.full((4, 3), 2.0, np.float32))
+        f.create_dataset("layers/dense/vars/1", data=np.ones(3, np.float32))
+    result = run("global", "--clip", "1", tmp_path)
+    assert result.exit_code == 0, result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.clipped.weights.h5", "model.weights.h5"]
+    again = run("report", "--json", tmp_path)  # tclip's own output is not picked up by a directory
+    assert [json.loads(line)["file"] for line in again.stdout.splitlines()] == [str(source)]
+
+
 def test_temps_of_dead_runs_on_this_host_are_removed_once_and_nothing_else(tmp_path):
     from tclip.formats import base
     finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,

@@ -135,10 +135,16 @@ class ClipOptions:
 
 
 def default_output(path: Path, out_dir: Path | None = None) -> Path:
-    """``grads.npz`` -> ``grads.clipped.npz`` beside it, or ``out_dir/grads.npz``."""
+    """``grads.npz`` -> ``grads.clipped.npz`` beside it, or ``out_dir/grads.npz``.
+
+    Keras 3 loads weights only from names ending in ``.weights.h5``, so
+    ``model.weights.h5`` -> ``model.clipped.weights.h5``.
+    """
     path = Path(path)
     if out_dir is not None:
         return Path(out_dir) / path.name
+    if path.name.lower().endswith(".weights.h5") and len(path.name) > len(".weights.h5"):
+        return path.with_name(f"{path.name[:-len('.weights.h5')]}.clipped{path.name[-len('.weights.h5'):]}")
     return path.with_name(f"{path.stem}.clipped{path.suffix}")
 
 

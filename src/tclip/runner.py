@@ -44,7 +44,8 @@ def gate_tolerance(dtype: str) -> float:
 
 
 def is_tensor_file(path: Path) -> bool:
-    return path.suffix.lower() in SUFFIXES and not path.stem.endswith(".clipped")
+    own_output = path.stem.endswith(".clipped") or path.name.lower().endswith(".clipped.weights.h5")
+    return path.suffix.lower() in SUFFIXES and not own_output
 
 
 def expand_files(items: tuple[str, ...], recursive: bool) -> Iterator[tuple[str, Path | None]]:
