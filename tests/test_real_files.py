@@ -266,6 +266,20 @@ def test_keras3_weights_file_keeps_the_suffix_keras_loads_by(tmp_path):
     assert [json.loads(line)["file"] for line in again.stdout.splitlines()] == [str(source)]
 
 
+def test_a_keras_archive_is_named_with_where_its_weights_are(tmp_path):
+    import zipfile
+
+    source = tmp_path / "model.keras"  # the layout Keras 3's model.save writes
+    with zipfile.ZipFile(source, "w") as archive:
+        archive.writestr("metadata.json", "{}")
+        archive.writestr("config.json", "{}")
+        archive.writestr("model.weights.h5", b"")
+    result = run("info", source)
+    assert result.exit_code == 1
+    assert result.stderr.startswith("Error: ") and "model.weights.h5" in result.stderr
+    assert len(result.stderr.splitlines()) == 1
+
+
 def test_temps_of_dead_runs_on_this_host_are_removed_once_and_nothing_else(tmp_path):
     from tclip.formats import base
     finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,

@@ -85,6 +85,10 @@ class NpzReader(TensorReader):
         if member.is_dir():
             return
         if not member.filename.endswith(".npy"):
+            names = set(self._zip.namelist())
+            if {"metadata.json", "config.json", "model.weights.h5"} <= names:
+                raise FormatError("a Keras .keras archive, not an .npz: its weights are the member "
+                                  "model.weights.h5 (extract it, e.g. with unzip, and give that file)", path)
             raise FormatError(f"member {member.filename!r} is not a .npy array", path)
         if member.flag_bits & 0x1:
             raise UnsupportedError(f"member {member.filename!r} is encrypted", path)
