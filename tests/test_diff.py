@@ -161,3 +161,14 @@ def test_unreadable_file_is_exit_1(tmp_path):
     (tmp_path / "bad.safetensors").write_bytes(b"\x01\x02")
     result = run("diff", a, tmp_path / "bad.safetensors")
     assert result.exit_code == 1 and result.stderr.startswith("Error: ")
+
+
+def test_cosine_column_never_rounds_a_difference_to_one():
+    from tclip.render_diff import _cosine
+
+    assert _cosine(1.0) == "1"
+    assert _cosine(0.9999999952226214) == "0.999999995"
+    assert _cosine(0.5) == "0.500000"
+    assert _cosine(-1.0) == "-1"
+    assert _cosine(float("nan")) == "nan" and _cosine(None) == "—"
+    assert float(_cosine(1 - 2 ** -52)) != 1.0

@@ -97,4 +97,9 @@ def _cosine(value: float | None) -> str:
         return "—"
     if math.isnan(value):
         return "nan"
-    return f"{value:.6f}"
+    if abs(value) == 1.0:
+        return f"{value:.0f}"  # exactly parallel
+    digits = 6
+    while digits < 17 and abs(float(f"{value:.{digits}f}")) == 1.0:
+        digits += 1  # 0.9999999952 is not shown as 1.000000
+    return f"{value:.{digits}f}"
