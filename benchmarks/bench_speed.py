@@ -92,6 +92,9 @@ def run_once(command: list[str], out: Path | None) -> tuple[float, float, int]:
     """(wall seconds, peak RSS MiB, exit status) of one run; its output is thrown away."""
     if out is not None and out.exists():
         out.unlink()
+    # cp and the scripts leave their output in the page cache, unwritten; without this the
+    # next command's timing would include the kernel writing that back (untimed here).
+    os.sync()
     started = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(process.pid, 0)
