@@ -185,7 +185,34 @@ def test_in_place_marks_the_index_and_resumes_after_a_crash(tmp_path, monkeypatc
     assert "tclip_in_progress" not in json.loads(index.read_text())["metadata"]
     for shard in sorted((tmp_path / "ckpt").glob("model-*.safetensors")):
         assert shard.read_bytes() == (tmp_path / "clean" / shard.name).read_bytes()
+    assert index.read_bytes() == clean.read_bytes()  # total_size over every shard, not the resumed ones
     assert not list((tmp_path / "ckpt").glob("*.tclip-tmp"))
+
+
+def test_a_kill_between_a_shards_rename_and_its_journal_record_still_resumes(tmp_path):
+    """SIGKILL at the worst moment: the first shard is renamed into place, the journal
+    does not say so yet. The rerun must count it done, not refuse it as changed."""
+    index = sharded(tmp_path / "ckpt")
+    clean = sharded(tmp_path / "clean")
+    clip_set(TensorSet(str(clean), [], clean), GlobalNormClip(1.0), ClipOptions(in_place=True))
+    driver = (
+        "import os, sys\n"
+        "from tclip import tensorset\n"
+        "tensorset._journal_done = lambda journal, file: os._exit(137)  # killed right after the rename\n"
+        "from tclip.cli import cli\n"
+        "cli(['global', '--clip', '1', '--in-place', '--threads', '1', sys.argv[1]])\n"
+    )
+    killed = subprocess.run([sys.executable, "-c", driver, str(index)], capture_output=True, text=True)
+    assert killed.returncode == 137, killed.stderr
+    shards = sorted((tmp_path / "ckpt").glob("model-*.safetensors"))
+    replaced = [s for s in shards if s.read_bytes() == (tmp_path / "clean" / s.name).read_bytes()]
+    assert len(replaced) == 1  # exactly the window this test is about
+    result = run("global", "--clip", "1", "--in-place", index)
+    assert result.exit_code == 0, result.stderr
+    for shard in shards:
+        assert shard.read_bytes() == (tmp_path / "clean" / shard.name).read_bytes()
+    assert not [p.name for p in (tmp_path / "ckpt").iterdir() if p.name.startswith(".")]
+    assert index.read_bytes() == clean.read_bytes()
 
 
 def test_a_journal_of_other_parameters_is_refused(tmp_path, monkeypatch):

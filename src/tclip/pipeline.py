@@ -467,21 +467,21 @@ def rewrite_file(source: Path | str | TensorReader, work: dict[str, TensorWork],
                  progress: Progress | None = None, held: HeldTensors | None = None,
                  drop_nonnumeric: bool = False, metadata: dict[str, str] | None = None,
                  writer_factory: Callable[..., TensorWriter] | None = None,
-                 measure_after: bool = True) -> RewriteResult:
+                 measure_after: bool = True, commit_marker: Path | None = None) -> RewriteResult:
     """Pass 2: write ``source`` to ``target`` with each tensor of ``work`` rewritten.
 
     Tensors not in ``work`` are copied byte for byte where the formats allow.
     With ``target`` None nothing is written (a dry run computes the after-statistics).
     ``measure_after`` False skips the after-statistics (norms of the values written),
     for callers that show nobody the report. The output appears atomically, only when
-    everything succeeded.
+    everything succeeded. ``commit_marker``: see :meth:`AtomicOutput.commit`.
     """
     if isinstance(source, TensorReader):
         return _rewrite(source, work, target, axes, overwrite, budget or Budget(), progress, held,
-                        drop_nonnumeric, metadata, writer_factory, measure_after)
+                        drop_nonnumeric, metadata, writer_factory, measure_after, commit_marker)
     with open_reader(source) as reader:
         return _rewrite(reader, work, target, axes, overwrite, budget or Budget(), progress, held,
-                        drop_nonnumeric, metadata, writer_factory, measure_after)
+                        drop_nonnumeric, metadata, writer_factory, measure_after, commit_marker)
 
 
 def carried_loss(reader: TensorReader, target: Path) -> list[str]:
@@ -505,7 +505,8 @@ def carried_loss(reader: TensorReader, target: Path) -> list[str]:
 def _rewrite(reader: TensorReader, work: dict[str, TensorWork], target: Path | None, axes: object,
              overwrite: bool, budget: Budget, progress: Progress | None, held: HeldTensors | None,
              drop_nonnumeric: bool, metadata: dict[str, str] | None,
-             writer_factory: Callable[..., TensorWriter] | None, measure_after: bool = True) -> RewriteResult:
+             writer_factory: Callable[..., TensorWriter] | None, measure_after: bool = True,
+             commit_marker: Path | None = None) -> RewriteResult:
     started = time.perf_counter()
     result = RewriteResult(str(reader.path), None if target is None else str(target), {}, {},
                            measured=measure_after)
@@ -529,7 +530,7 @@ def _rewrite(reader: TensorReader, work: dict[str, TensorWork], target: Path | N
     try:
         _run_rewrite(reader, writer, work, axes, budget, progress, held, written, result, measure_after)
         if writer is not None:
-            writer.commit()
+            writer.commit(commit_marker)
             result.bytes_written = os.stat(target).st_size  # type: ignore[arg-type]
     except BaseException:
         if writer is not None:

@@ -42,6 +42,7 @@ from typing import Any
 from .engine import Budget
 from .errors import FormatError, OutputExistsError, TclipError, UnsupportedError
 from .formats import TensorReader
+from .formats.base import marker_names
 from .pipeline import (
     ClipOptions,
     FileStats,
@@ -63,6 +64,7 @@ from .report import FileReport, InfoReport
 INDEX_SUFFIX = ".index.json"
 MAX_INDEX_BYTES = 256 << 20
 JOURNAL_SUFFIX = ".tclip-journal"
+MARKER_SUFFIX = ".tclip-commit"
 IN_PROGRESS_KEY = "tclip_in_progress"
 
 
@@ -165,10 +167,12 @@ def stats_task(path: str, selection: Selection, axes: Any, budget: Budget, track
 
 
 def rewrite_task(path: str, work: dict[str, TensorWork], target: str | None, axes: Any, overwrite: bool,
-                 budget: Budget, drop_nonnumeric: bool, progress: Callable[[int], None] | None = None) -> RewriteResult:
+                 budget: Budget, drop_nonnumeric: bool, progress: Callable[[int], None] | None = None,
+                 commit_marker: str | None = None) -> RewriteResult:
     """Pass 2 of one file, on whatever machine runs it; the output appears atomically."""
     return rewrite_file(path, work, None if target is None else Path(target), axes=axes, overwrite=overwrite,
-                        budget=budget, progress=progress, drop_nonnumeric=drop_nonnumeric)
+                        budget=budget, progress=progress, drop_nonnumeric=drop_nonnumeric,
+                        commit_marker=None if commit_marker is None else Path(commit_marker))
 
 
 # --------------------------------------------------------------------------- executors
@@ -320,13 +324,16 @@ def clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_addres
         plan = make_plan(mode, stats)
         if journal is not None and resumed is None:
             _write_journal(journal, tensor_set, mode, options, stats, plan)
+            for f in files:  # a marker left by a run given up on (restored, journal removed) means nothing now
+                _commit_marker(f).unlink(missing_ok=True)
             _mark_index(tensor_set, journal)
         calls, order = [], []
         for f, s in zip(todo, stats):
             target = targets[f]
+            marker = {"commit_marker": str(_commit_marker(f))} if journal is not None else {}
             calls.append(((str(f), plan.work[s.path], None if target is None else str(target), axes,
                            overwrite or not engine.local, engine.task_budget, options.drop_nonnumeric),
-                          {"progress": file_progress(f)}))
+                          {"progress": file_progress(f), **marker}))
             order.append(f)
         results = _rewrite_all(engine, calls, order, journal)
         rewrites = {r.path: r for r in results}
@@ -334,7 +341,7 @@ def clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_addres
         if plan.global_norm is not None:
             report.global_norm = plan.global_norm
         if index_target is not None:
-            _write_index(tensor_set, index_target, stats, overwrite=overwrite)
+            _write_index(tensor_set, index_target, [targets[f] for f in files], overwrite=overwrite)
             report.output = str(index_target)
             if journal is not None:
                 journal.unlink(missing_ok=True)
@@ -424,12 +431,20 @@ def _finish_set_report(report: FileReport, stats: list[FileStats], plan: Plan, r
 # --------------------------------------------------------------------------- the index
 
 
-def _write_index(tensor_set: TensorSet, target: Path, stats: list[FileStats], overwrite: bool) -> None:
-    """The index, last: same weight_map, total_size recomputed from the shards' headers."""
+def _write_index(tensor_set: TensorSet, target: Path, shards: list[Path | None], overwrite: bool) -> None:
+    """The index, last: same weight_map, total_size recomputed from the written shards'
+    headers (all of them: a resumed run rewrites only some)."""
+    from .formats import open_reader
+
     data = json.loads(json.dumps(tensor_set.index_data))
     metadata = dict(data.get("metadata") or {})
     metadata.pop(IN_PROGRESS_KEY, None)
-    metadata["total_size"] = sum(t.nbytes for s in stats for t in s.tensors)
+    total = 0
+    for shard in shards:
+        assert shard is not None
+        with open_reader(shard) as reader:
+            total += sum(t.nbytes for t in reader.tensors.values())
+    metadata["total_size"] = total
     data["metadata"] = metadata
     _atomic_json(target, data, tensor_set.index, overwrite=overwrite)
 
@@ -480,11 +495,21 @@ def _write_journal(journal: Path, tensor_set: TensorSet, mode: Any, options: Cli
     _atomic_json(journal, state)
 
 
+def _commit_marker(shard: Path) -> Path:
+    """Where the task that replaces ``shard`` in place says, just before the rename,
+    which file is about to take its name (see :meth:`AtomicOutput.commit`): a crash
+    after the rename and before the journal records it leaves the marker, and the
+    resumed run recognises the shard as done instead of refusing it as changed."""
+    shard = Path(shard)
+    return shard.with_name(f".{shard.name}{MARKER_SUFFIX}")
+
+
 def _journal_done(journal: Path, file: Path) -> None:
     state = json.loads(journal.read_text(encoding="utf-8"))
     state["done"].append(str(file))
     state["files"][str(file)] = [os.stat(file).st_size, os.stat(file).st_mtime_ns]
     _atomic_json(journal, state)
+    _commit_marker(file).unlink(missing_ok=True)
 
 
 def _read_journal(journal: Path, mode: Any, options: ClipOptions) -> dict[str, Any] | None:
@@ -508,6 +533,10 @@ def _read_journal(journal: Path, mode: Any, options: ClipOptions) -> dict[str, A
         if not os.path.exists(file):
             raise TclipError(f"shard {file} named by the journal is missing", journal)
         if (os.stat(file).st_size, os.stat(file).st_mtime_ns) != (size, mtime):
+            if file not in done and marker_names(_commit_marker(Path(file)), Path(file)):
+                _journal_done(journal, Path(file))  # replaced just before the crash: done
+                done.append(file)
+                continue
             raise TclipError(f"shard {file} changed since the unfinished run wrote its journal; "
                              "cannot resume safely", journal)
     return {"done": done, "global_norm": global_norm}

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import errno
 import itertools
+import json
 import math
 import os
 import re
@@ -432,14 +433,15 @@ class TensorWriter(ABC):
     def _finish(self) -> None:
         """Write what remains (trailers, directories) and close the temporary file."""
 
-    def commit(self) -> None:
-        """Finish, fsync and rename the temporary file over the target."""
+    def commit(self, marker: Path | None = None) -> None:
+        """Finish, fsync and rename the temporary file over the target (see
+        :meth:`AtomicOutput.commit` for ``marker``)."""
         try:
             self._finish()
         except BaseException:
             self.abort()
             raise
-        self.output.commit()
+        self.output.commit(marker)
 
     def abort(self) -> None:
         """Close and remove the temporary file; the target is untouched."""
@@ -683,12 +685,18 @@ class AtomicOutput:
         finally:
             os.close(fd)
 
-    def commit(self) -> None:
+    def commit(self, marker: Path | None = None) -> None:
+        """Make the temporary file the target. With ``marker``, first write there (durably)
+        which file is about to become the target (its device, inode and size, which the
+        rename keeps): after a crash between the rename and whatever the caller records
+        next, the marker tells the new file from the old (see tclip.tensorset)."""
         try:
             fd = os.open(self.temp, os.O_RDONLY)
             try:
                 os.fsync(fd)
                 os.fchmod(fd, self.mode)  # libraries that recreate the file (h5py) may have changed it
+                if marker is not None:
+                    write_marker(marker, os.fstat(fd))
             finally:
                 os.close(fd)
             if self.overwrite:
@@ -716,6 +724,27 @@ class AtomicOutput:
                 pass
             self._done = True
             LIVE_TEMPS.discard(str(self.temp))
+
+
+def write_marker(marker: Path, st: os.stat_result) -> None:
+    """``{"device", "inode", "size"}`` of a file, written to ``marker`` and fsynced."""
+    data = json.dumps({"device": st.st_dev, "inode": st.st_ino, "size": st.st_size}).encode()
+    fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def marker_names(marker: Path, path: Path) -> bool:
+    """Whether ``marker`` (see :func:`write_marker`) describes the file now at ``path``."""
+    try:
+        data = json.loads(Path(marker).read_bytes())
+        st = os.stat(path)
+        return [data["device"], data["inode"], data["size"]] == [st.st_dev, st.st_ino, st.st_size]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
 
 
 _UMASK_LOCK = threading.Lock()
