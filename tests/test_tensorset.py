@@ -298,3 +298,11 @@ def test_diff_takes_an_index_or_its_directory_on_either_side(tmp_path):
     refused = run("diff", tmp_path / "empty", index)
     assert refused.exit_code == 1
     assert refused.stderr.startswith("Error: ") and "index" in refused.stderr
+
+
+def test_a_dry_run_in_place_writes_nothing_not_even_a_journal(tmp_path):
+    index = sharded(tmp_path / "ckpt")
+    before = {p.name: p.read_bytes() for p in (tmp_path / "ckpt").iterdir()}
+    result = run("global", "--clip", "1", "--in-place", "--dry-run", index)
+    assert result.exit_code == 0, result.stderr
+    assert {p.name: p.read_bytes() for p in (tmp_path / "ckpt").iterdir()} == before

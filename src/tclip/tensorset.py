@@ -300,7 +300,9 @@ def clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_addres
             if out is not None and os.path.lexists(out):
                 raise OutputExistsError("output already exists; pass --force to replace it", out)
     journal = _journal_path(tensor_set) if options.in_place and tensor_set.index is not None else None
-    resumed = _read_journal(journal, mode, options) if journal is not None else None
+    resumed = _read_journal(journal, mode, options, record=not options.dry_run) if journal is not None else None
+    if options.dry_run:
+        journal = None  # a dry run shows what a resumed run would do, and writes nothing
     files = tensor_set.files
     engine = Engine(options.budget, len(files), dask_address)
     try:
@@ -512,8 +514,9 @@ def _journal_done(journal: Path, file: Path) -> None:
     _commit_marker(file).unlink(missing_ok=True)
 
 
-def _read_journal(journal: Path, mode: Any, options: ClipOptions) -> dict[str, Any] | None:
-    """The state of an unfinished in-place run, to finish it; None when there is none."""
+def _read_journal(journal: Path, mode: Any, options: ClipOptions, record: bool = True) -> dict[str, Any] | None:
+    """The state of an unfinished in-place run, to finish it; None when there is none.
+    ``record`` False (a dry run) writes nothing, not even a shard found done."""
     if not journal.exists():
         return None
     try:
@@ -534,7 +537,8 @@ def _read_journal(journal: Path, mode: Any, options: ClipOptions) -> dict[str, A
             raise TclipError(f"shard {file} named by the journal is missing", journal)
         if (os.stat(file).st_size, os.stat(file).st_mtime_ns) != (size, mtime):
             if file not in done and marker_names(_commit_marker(Path(file)), Path(file)):
-                _journal_done(journal, Path(file))  # replaced just before the crash: done
+                if record:
+                    _journal_done(journal, Path(file))  # replaced just before the crash: done
                 done.append(file)
                 continue
             raise TclipError(f"shard {file} changed since the unfinished run wrote its journal; "
