@@ -230,6 +230,9 @@ def test_out_dir_is_created_and_dry_run_names_the_output(tmp_path):
     dry = run("norm", "--clip", "1", "--dry-run", "--out-dir", tmp_path / "new" / "dir", source)
     assert dry.exit_code == 0 and "would write" in dry.stdout and str(tmp_path / "new" / "dir") in dry.stdout
     assert not (tmp_path / "new").exists()
+    (tmp_path / "bad.safetensors").write_bytes(b"not a tensor file")
+    failed = run("norm", "--clip", "1", "--out-dir", tmp_path / "new" / "dir", tmp_path / "bad.safetensors")
+    assert failed.exit_code == 1 and not (tmp_path / "new").exists()  # a run that writes nothing leaves no folder
     made = run("norm", "--clip", "1", "--out-dir", tmp_path / "new" / "dir", source)
     assert made.exit_code == 0 and (tmp_path / "new" / "dir" / "g.safetensors").exists()
     again = json.loads(run("norm", "--clip", "1", "--dry-run", "--json", "--out-dir", tmp_path / "new" / "dir",

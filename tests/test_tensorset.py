@@ -306,3 +306,33 @@ def test_a_dry_run_in_place_writes_nothing_not_even_a_journal(tmp_path):
     result = run("global", "--clip", "1", "--in-place", "--dry-run", index)
     assert result.exit_code == 0, result.stderr
     assert {p.name: p.read_bytes() for p in (tmp_path / "ckpt").iterdir()} == before
+
+
+def test_a_half_clipped_checkpoint_is_never_clipped_anew(tmp_path, monkeypatch):
+    index = sharded(tmp_path / "ckpt")
+    real = tensorset.rewrite_task
+    calls = []
+
+    def crash_on_second(*args, **kwargs):
+        calls.append(args[0])
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tensorset, "rewrite_task", crash_on_second)
+    with pytest.raises(KeyboardInterrupt):
+        clip_set(TensorSet(str(index), [], index), GlobalNormClip(1.0), ClipOptions(in_place=True, threads=1))
+    monkeypatch.undo()
+    report = run("report", index)
+    assert report.exit_code == 0 and "an in-place run was interrupted here" in report.stderr
+    elsewhere = run("global", "--clip", "1", "--out-dir", tmp_path / "out", index)
+    assert elsewhere.exit_code == 1 and "some shards may be clipped and others not" in elsewhere.stderr
+    assert not (tmp_path / "out").exists()
+    journal = index.with_name(index.name + ".tclip-journal")
+    kept = journal.read_bytes()
+    journal.unlink()
+    lost = run("global", "--clip", "1", "--in-place", index)
+    assert lost.exit_code == 1 and "journal" in lost.stderr and "missing" in lost.stderr
+    journal.write_bytes(kept)
+    assert run("global", "--clip", "1", "--in-place", index).exit_code == 0
+    assert "tclip_in_progress" not in json.loads(index.read_text())["metadata"]

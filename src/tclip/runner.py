@@ -276,7 +276,12 @@ def run_clip(mode: Any, *, files: tuple[str, ...], recursive: bool, output: Path
     from .tensorset import clip_set, group_sets, is_index, load_index
 
     runner = Runner(as_json, quiet, color, fail_fast)
+    created: list[Path] = []  # the folders this run makes, removed again if it writes nothing into them
     if out_dir is not None and not dry_run:
+        folder = out_dir
+        while not folder.exists() and folder != folder.parent:
+            created.append(folder)
+            folder = folder.parent
         try:
             out_dir.mkdir(parents=True, exist_ok=True)
         except OSError as error:
@@ -302,20 +307,27 @@ def run_clip(mode: Any, *, files: tuple[str, ...], recursive: bool, output: Path
 
         render_file(report, runner.out, width=runner.width, sort="name")  # natural order, as report
 
-    with runner.progress(2 * total) as progress:
-        for name, item in (group_sets(inputs, across_files) if use_sets else inputs):
-            if item is None:
-                runner.error(name, f"{name}: no tensor files match")
-            elif use_sets:
-                report = runner.attempt(name, lambda s=item: clip_set(s, mode, options, dask_address, progress))
-                if report is not None:
-                    runner.done(name, report, show)
-            else:
-                report = runner.attempt(name, lambda p=item, n=name: clip_file(
-                    p, mode, options, None if progress is None else progress(n)))
-                if report is not None:
-                    runner.done(name, report, show)
-            if runner.failed and fail_fast:
+    try:
+        with runner.progress(2 * total) as progress:
+            for name, item in (group_sets(inputs, across_files) if use_sets else inputs):
+                if item is None:
+                    runner.error(name, f"{name}: no tensor files match")
+                elif use_sets:
+                    report = runner.attempt(name, lambda s=item: clip_set(s, mode, options, dask_address, progress))
+                    if report is not None:
+                        runner.done(name, report, show)
+                else:
+                    report = runner.attempt(name, lambda p=item, n=name: clip_file(
+                        p, mode, options, None if progress is None else progress(n)))
+                    if report is not None:
+                        runner.done(name, report, show)
+                if runner.failed and fail_fast:
+                    break
+    finally:
+        for folder in created:  # innermost first; only empty ones
+            try:
+                folder.rmdir()
+            except OSError:
                 break
     return runner.finish()
 

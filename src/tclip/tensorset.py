@@ -300,6 +300,15 @@ def clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_addres
             if out is not None and os.path.lexists(out):
                 raise OutputExistsError("output already exists; pass --force to replace it", out)
     journal = _journal_path(tensor_set) if options.in_place and tensor_set.index is not None else None
+    if IN_PROGRESS_KEY in tensor_set.metadata:
+        # A half-clipped checkpoint: clipping it anew would take the norm of a mix.
+        if journal is None:
+            raise TclipError("an in-place run was interrupted here and some shards may be clipped and others "
+                             "not; finish it by rerunning that command (with --in-place), or restore the "
+                             "checkpoint", tensor_set.index)
+        if not journal.exists():
+            raise TclipError(f"the index says an in-place run was interrupted, but its journal ({journal.name}) "
+                             "is missing; restore the checkpoint from a copy", tensor_set.index)
     resumed = _read_journal(journal, mode, options, record=not options.dry_run) if journal is not None else None
     if options.dry_run:
         journal = None  # a dry run shows what a resumed run would do, and writes nothing
@@ -574,6 +583,9 @@ def report_set(tensor_set: TensorSet, selection: Selection, order: str, axes: An
         params["axes"] = list(axes)
     report = report_from_stats(merged, order, params, selection)
     report.members = [{"file": s.path, "output": None} for s in stats]
+    if IN_PROGRESS_KEY in tensor_set.metadata:
+        report.warnings.append("an in-place run was interrupted here: some shards may be clipped and others not "
+                               "(rerun it with --in-place to finish it)")
     report.elapsed_s = time.perf_counter() - started
     return report
 
