@@ -294,5 +294,6 @@ def test_full_disk_during_an_npz_rewrite_is_one_line(tmp_path, deflated):
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: ") and "No space left on device" in lines[0], lines
+    assert f"cannot write {path}" in lines[0]  # where it could not write
     assert path.read_bytes() == before
     assert sorted(os.listdir(tmp_path)) == ["g.npz"]

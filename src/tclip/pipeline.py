@@ -20,6 +20,7 @@ reader/writer protocol and arithmetic only through :mod:`tclip.stats`,
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import math
 import os
@@ -502,6 +503,9 @@ def carried_loss(reader: TensorReader, target: Path) -> list[str]:
     return lost
 
 
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
+
+
 def _rewrite(reader: TensorReader, work: dict[str, TensorWork], target: Path | None, axes: object,
              overwrite: bool, budget: Budget, progress: Progress | None, held: HeldTensors | None,
              drop_nonnumeric: bool, metadata: dict[str, str] | None,
@@ -532,9 +536,13 @@ def _rewrite(reader: TensorReader, work: dict[str, TensorWork], target: Path | N
         if writer is not None:
             writer.commit(commit_marker)
             result.bytes_written = os.stat(target).st_size  # type: ignore[arg-type]
-    except BaseException:
+    except BaseException as error:
         if writer is not None:
             writer.abort()
+        if isinstance(error, OSError) and error.errno in _WRITE_ERRNOS and target is not None:
+            # Name where it could not write (the error itself names no file).
+            raise TclipError(f"cannot write {target}: {error.strerror or error}; nothing was written",
+                             reader.path) from None
         raise
     result.elapsed_s = time.perf_counter() - started
     return result
