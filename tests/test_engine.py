@@ -231,6 +231,10 @@ def test_float16_conversions_match_numpy_on_every_value_and_midpoint():
     with np.errstate(over="ignore"):
         reference = tests.astype(np.float16)
     assert ((out.view(np.uint16) == reference.view(np.uint16)) | np.isnan(tests)).all()
+    finite = tests[np.abs(tests) < 32768]  # below the overflow check: the exact values written come back
+    wide, out = finite.copy(), np.empty(finite.size, np.float16)
+    assert narrow_into(wide, out)
+    assert (wide.view(np.uint64) == out.astype(np.float64).view(np.uint64)).all()  # signs of zero too
 
 
 def test_bfloat16_conversions_match_ml_dtypes_on_every_value_and_midpoint():
