@@ -81,7 +81,7 @@ CASES = [
      "file is truncated: the header promises 800 bytes of data, 792 are there"),
     ("npy-bad-header", "x.npy", lambda p: b"\x93NUMPY\x01\x00\x10\x00{'descr': nope}  \n", "not a valid .npy header"),
     ("npy-pickle", "x.npy", lambda p: npy_bytes(np.array([None, 1], dtype=object)),
-     "holds Python objects; loading it would need pickle, which tclip never runs"),
+     "the array holds Python objects; loading it would need pickle, which tclip never runs"),
     ("npy-magic-only", "x.npy", lambda p: b"\x93NUMPY", "not a valid .npy header"),
     # npz
     ("npz-not-npy-member", "x.npz", lambda p: zip_bytes({"readme.txt": b"hi"}),
@@ -91,7 +91,7 @@ CASES = [
     ("npz-member-truncated", "x.npz", lambda p: zip_bytes({"a.npy": npy_bytes(np.arange(10.0))[:-16]}),
      "member 'a.npy' is truncated or padded"),
     ("npz-pickle", "x.npz", lambda p: zip_bytes({"a.npy": npy_bytes(np.array([None], dtype=object))}),
-     "holds Python objects"),
+     "tensor 'a' holds Python objects"),
     ("npz-garbage-member", "x.npz", lambda p: zip_bytes({"a.npy": b"garbage"}), "member 'a.npy': not a valid .npy header"),
     # hdf5
     ("h5-truncated", "x.h5", lambda p: h5_bytes(p)[:1500], "x.h5: "),

@@ -89,10 +89,9 @@ def parse_header(stream: BinaryIO, path: object, name: str) -> tuple[np.dtype, t
     except (ValueError, TypeError, KeyError, IndexError, RecursionError, MemoryError):
         raise bad(f"unknown dtype descriptor {str(header['descr'])[:80]!r}") from None
     if dtype.hasobject:
-        raise UnsupportedError(
-            f"tensor {name!r} holds Python objects; loading it would need pickle, which tclip never runs",
-            path,
-        )
+        what = f"tensor {name.removesuffix('.npy')!r}" if name else "the array"
+        raise UnsupportedError(f"{what} holds Python objects; loading it would need pickle, which tclip never runs",
+                               path)
     if dtype.itemsize == 0:
         raise bad(f"dtype {dtype} has no size")
     checked_size(shape, dtype.itemsize, path, name or "array")
