@@ -128,6 +128,29 @@ def test_gate_sees_nan_inf_in_a_tensor_skipped_for_its_rank(tmp_path):
     assert "check failed: NaN/Inf in b (1 NaN, 1 Inf)" in result.stderr
 
 
+def test_gate_sees_nan_in_a_complex_tensor_which_is_measured_not_counted(tmp_path):
+    source = tmp_path / "g.npz"
+    z = np.array([[3 + 4j, 0], [1, 1j]], np.complex64)
+    np.savez(source, z=z, w=np.ones(4, np.float32))
+    data = json.loads(run("report", "--json", source).stdout)
+    tensors = {t["name"]: t for t in data["tensors"]}
+    assert tensors["z"]["norm"] == pytest.approx(np.linalg.norm(z.astype(np.complex128)), rel=1e-15)
+    assert tensors["z"]["skipped"] == "complex64 is not floating-point"
+    assert data["global_norm"] == 2.0  # over the floating tensors only
+    z[1, 1] = np.nan
+    np.savez(source, z=z, w=np.ones(4, np.float32))
+    result = run("report", "--max-norm", "100", "-q", source)
+    assert result.exit_code == 3
+    assert "NaN/Inf in z (1 NaN)" in result.stderr
+
+
+def test_a_nan_norm_is_named_as_the_largest(tmp_path):
+    source = tmp_path / "g.safetensors"
+    source.write_bytes(safetensors_bytes({"a": np.ones(3, np.float32), "b": np.array([1.0, np.nan], np.float32)}))
+    result = run("report", "--max-norm", "100", "-q", source)
+    assert result.exit_code == 3 and "(largest: b, nan)" in result.stderr
+
+
 def test_gate_passes_on_tclips_own_output_and_names_the_slice(tmp_path):
     rng = np.random.default_rng(5)
     source = tmp_path / "g.safetensors"

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from .dtypes import dtype_name, is_floating
+from .dtypes import dtype_name, is_complex, is_floating
 from .engine import BlockRunner, Budget, Job, tensor_jobs
 from .errors import NonFiniteError, OutputExistsError, TclipError, UnsupportedError
 from .formats import (
@@ -286,8 +286,9 @@ def select(reader: TensorReader, selection: Selection, axes: object = None,
                                    info.nbytes, reason))
         if reason is None:
             to_read[info.name] = normalize_axes(axes, len(info.shape))
-        elif whole_if_rank_skip and is_rank_skip(reason):
-            to_read[info.name] = None
+        elif whole_if_rank_skip and (is_rank_skip(reason) or (is_complex(info.dtype) and info.numeric
+                                                               and selection.matches(info.name))):
+            to_read[info.name] = None  # complex: never clipped, but its NaN/Inf and norm are shown
     return entries, to_read
 
 
@@ -891,13 +892,16 @@ def report_from_stats(stats: FileStats, ord: str, params: dict[str, object],
         entry.norm = {"2": s.norm, "1": s.l1_norm if ord == "1" else 0.0, "inf": s.max_abs}[ord]
         if s.nan_count and ord != "2":
             entry.norm = math.nan  # as the L2 norm is, so NaN is never hidden
-        if s.moments is not None:
+        if s.moments is not None and not entry.dtype.startswith("complex"):
             entry.mean, entry.std = s.mean, s.std
             entry.zeros = s.moments.zeros
             entry.histogram = s.moments.histogram()
+        if entry.dtype.startswith("complex"):
+            entry.min = entry.max = None  # complex numbers have no order
         if s.axes is not None:
             slice_summary(entry, s, None)
-    counted = [t for t in report.tensors if t.name in stats.stats]
+    # The global norm is over floating tensors (a complex one is measured, not counted).
+    counted = [t for t in report.tensors if t.name in stats.stats and (t.skipped is None or is_rank_skip(t.skipped))]
     norms = [t.norm or 0.0 for t in counted]
     if ord == "2":
         report.global_norm = math.sqrt(math.fsum(n * n for n in norms))

@@ -491,8 +491,10 @@ def skipped_lines(report: FileReport, symbols: Symbols = UNICODE) -> list[Text]:
     reasons: dict[str, list[str]] = {}
     skipped = [t for t in report.tensors if t.skipped is not None and t.skipped != "not selected"]
     for t in sorted(skipped, key=lambda t: natural_key(t.name)):
-        if t.norm is not None:  # the report measured it whole
+        if t.norm is not None and t.skipped.startswith(("rank ", "axes ")):  # the report measured it whole
             reasons.setdefault(f"no slices: {t.skipped}; measured whole", []).append(t.name)
+        elif t.norm is not None:
+            reasons.setdefault(f"measured, not clipped and not in the global norm ({t.skipped})", []).append(t.name)
         else:
             reasons.setdefault(t.skipped, []).append(t.name)
     for o in report.others:
@@ -500,7 +502,7 @@ def skipped_lines(report: FileReport, symbols: Symbols = UNICODE) -> list[Text]:
     lines = []
     for reason, names in reasons.items():
         shown = ", ".join(safe(n) for n in names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
-        label = safe(reason) if reason.startswith("no slices") else f"skipped ({safe(reason)})"
+        label = safe(reason) if reason.startswith(("no slices", "measured")) else f"skipped ({safe(reason)})"
         lines.append(Text(f"{label}: {shown}", style="dim"))
     return lines
 

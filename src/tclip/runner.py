@@ -363,7 +363,8 @@ def check_report(report: Any, max_norm: float, per_slice: bool) -> list[str]:
         dtypes = [t.dtype for t in report.tensors if t.norm is not None and t.skipped is None]
         tolerance = max((gate_tolerance(d) for d in dtypes), default=gate_tolerance("float32"))
         if report.global_norm > max_norm * (1 + tolerance) or math.isnan(report.global_norm):
-            biggest = max((t for t in report.tensors if t.norm is not None), key=lambda t: t.norm or 0.0,
+            biggest = max((t for t in report.tensors if t.norm is not None),  # a NaN norm counts as largest
+                          key=lambda t: (math.isnan(t.norm), t.norm if not math.isnan(t.norm) else 0.0),
                           default=None)
             extra = f" (largest: {biggest.name}, {fmt_number(biggest.norm)})" if biggest is not None else ""
             reasons.append(f"global norm {fmt_number(report.global_norm)} above {max_norm:g}{extra}")
