@@ -301,6 +301,29 @@ def test_temps_of_dead_runs_on_this_host_are_removed_once_and_nothing_else(tmp_p
     assert stale.exists()
 
 
+@pytest.mark.parametrize("writes", [False, True], ids=["report", "clip"])
+def test_the_last_words_on_a_signal_mention_outputs_only_when_there_were_some(tmp_path, writes):
+    code = (
+        "import signal, sys\n"
+        "from pathlib import Path\n"
+        "from tclip import runner\n"
+        "from tclip.interrupt import Terminated\n"
+        "from tclip.formats.base import AtomicOutput\n"
+        "def stopped(**kwargs):\n"
+        f"    if {writes}:\n"
+        f"        AtomicOutput(Path({str(tmp_path / 'out.npy')!r}))  # an output in the making\n"
+        "    raise Terminated(signal.SIGTERM)\n"
+        "runner.run_report = stopped\n"
+        "sys.argv = ['tclip', 'report', 'x.npy']\n"
+        "from tclip._entry import main\n"
+        "main()\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 143
+    expected = "Error: terminated by SIGTERM" + ("; unfinished outputs were removed" if writes else "")
+    assert result.stderr == expected + "\n"
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_temporary_file_has_the_final_mode_from_the_start(tmp_path):
     source = tmp_path / "private.npy"
     np.save(source, np.ones(3))

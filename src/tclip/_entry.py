@@ -34,13 +34,17 @@ def _unraisable(hook: object) -> object:
     return handle
 
 
-def _remove_live_temps() -> None:
+def _remove_live_temps() -> int:
+    """Remove this process's unfinished outputs; how many there were."""
     base = sys.modules.get("tclip.formats.base")
+    removed = 0
     for path in list(getattr(base, "LIVE_TEMPS", ())):
         try:
             os.unlink(path)
+            removed += 1
         except OSError:
             pass
+    return removed
 
 
 def _say(message: str) -> None:
@@ -74,11 +78,13 @@ def main() -> None:
         _say("Error: interrupted")
         code = EXIT_INTERRUPTED
     except Terminated as stop:
-        _remove_live_temps()
+        base = sys.modules.get("tclip.formats.base")
+        abandoned = _remove_live_temps() + (getattr(base, "ABANDONED_TEMPS", [0])[0] if base else 0)
+        removed = "; unfinished outputs were removed" if abandoned else ""
         if stop.signum == signal.SIGINT:
-            _say("Error: interrupted; unfinished outputs were removed")
+            _say(f"Error: interrupted{removed}")
         else:
-            _say(f"Error: terminated by {signal.Signals(stop.signum).name}; unfinished outputs were removed")
+            _say(f"Error: terminated by {signal.Signals(stop.signum).name}{removed}")
         code = 128 + stop.signum
     except BrokenPipeError:
         _quiet_stdout()

@@ -603,6 +603,8 @@ _TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.(?P<host>[A-Za-z0-9-]+)\.(?P<pid>\d+)
 # Temporary files of this process that exist right now: a signal handler
 # removes them before the process ends (see tclip.cli).
 LIVE_TEMPS: set[str] = set()
+# Temporary files given up (removed unfinished) by this process, for the last words on a signal.
+ABANDONED_TEMPS = [0]
 
 
 _SWEPT: set[str] = set()
@@ -724,6 +726,7 @@ class AtomicOutput:
                 pass
             self._done = True
             LIVE_TEMPS.discard(str(self.temp))
+            ABANDONED_TEMPS[0] += 1
 
 
 def write_marker(marker: Path, st: os.stat_result) -> None:
