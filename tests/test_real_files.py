@@ -410,3 +410,15 @@ def test_every_file_pytables_ships_works_or_is_refused_in_one_line(tmp_path):
 
     for out in written:
         assert nodes(out) == nodes(work / out.name)
+
+
+def test_a_compressed_npz_with_strings_and_dates_is_clipped_and_carries_them(tmp_path):
+    source = tmp_path / "g.npz"
+    np.savez_compressed(source, w=np.full((3, 3), 5.0, np.float32), names=np.array(["fc1", "fc2"]),
+                        when=np.array(["2026-11-22"], dtype="datetime64[D]"))
+    result = run("norm", "--clip", "1", source)
+    assert result.exit_code == 0, result.stderr
+    with np.load(tmp_path / "g.clipped.npz") as out:
+        assert list(out) == ["w", "names", "when"]
+        assert out["names"].tolist() == ["fc1", "fc2"] and str(out["when"][0]) == "2026-11-22"
+        np.testing.assert_allclose(np.linalg.norm(out["w"]), 1.0, rtol=1e-6)

@@ -131,3 +131,36 @@ def test_concurrent_runs_on_one_output_never_both_succeed(tmp_path):
             thread.join()
         assert sorted(outcomes) == ["exists", "ok"], attempt
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tclip-tmp")]
+
+
+class _Trap:
+    """Unpickling this runs code: it creates the file named at pickling time."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+@pytest.mark.parametrize("save", [np.savez, np.savez_compressed], ids=["stored", "deflated"])
+def test_a_pickled_npz_member_is_carried_and_never_unpickled(tmp_path, save):
+    trap = tmp_path / "pickle-ran"
+    source = tmp_path / "g.npz"
+    objects = np.empty(1, dtype=object)
+    objects[0] = _Trap(str(trap))
+    save(source, w=np.full((4, 4), 3.0, np.float32), objects=objects)
+    before = source.read_bytes()
+    for args in (["info", "--json"], ["report", "--json"], ["diff", source], ["norm", "--clip", "1"],
+                 ["global", "--clip", "1", "-o", tmp_path / "g.safetensors"]):
+        result = CliRunner().invoke(cli, [*map(str, args), str(source)])
+        assert result.exit_code in (0, 1), result.output
+        assert not trap.exists()
+    assert source.read_bytes() == before
+    import zipfile
+
+    with zipfile.ZipFile(source) as a, zipfile.ZipFile(tmp_path / "g.clipped.npz") as b:
+        assert b.read("objects.npy") == a.read("objects.npy")  # byte for byte
+        assert b.namelist() == a.namelist()
+    assert not (tmp_path / "g.safetensors").exists()  # safetensors cannot hold it: refused, nothing written
+    assert not trap.exists()

@@ -40,8 +40,12 @@ MAX_HEADER_SIZE = 10000
 _PY2_LONG = re.compile(r"(?<=[0-9])L\b")
 
 
-def parse_header(stream: BinaryIO, path: object, name: str) -> tuple[np.dtype, tuple[int, ...], bool, int]:
-    """Read an .npy header from ``stream``: (dtype, shape, fortran_order, header length)."""
+def parse_header(stream: BinaryIO, path: object, name: str,
+                 allow_objects: bool = False) -> tuple[np.dtype, tuple[int, ...], bool, int]:
+    """Read an .npy header from ``stream``: (dtype, shape, fortran_order, header length).
+
+    An object array (a pickle) is an error unless ``allow_objects``: then the caller
+    gets its dtype and must never read its data (only copy its bytes)."""
     where = f"member {name!r}: " if name else ""
 
     def bad(message: str) -> FormatError:
@@ -88,7 +92,7 @@ def parse_header(stream: BinaryIO, path: object, name: str) -> tuple[np.dtype, t
             dtype = npy_format.descr_to_dtype(header["descr"])
     except (ValueError, TypeError, KeyError, IndexError, RecursionError, MemoryError):
         raise bad(f"unknown dtype descriptor {str(header['descr'])[:80]!r}") from None
-    if dtype.hasobject:
+    if dtype.hasobject and not allow_objects:
         what = f"tensor {name.removesuffix('.npy')!r}" if name else "the array"
         raise UnsupportedError(f"{what} holds Python objects; loading it would need pickle, which tclip never runs",
                                path)

@@ -100,7 +100,8 @@ class NpzReader(TensorReader):
             raise FormatError(f"member {member.filename!r} appears twice", path)
         try:
             with self._zip.open(member) as stream:
-                dtype, shape, fortran, header_length = parse_header(stream, path, member.filename)
+                dtype, shape, fortran, header_length = parse_header(stream, path, member.filename,
+                                                                    allow_objects=True)
                 stream.seek(0)
                 header = stream.read(header_length)
         except FormatError:
@@ -109,6 +110,14 @@ class NpzReader(TensorReader):
             raise
         except ZIP_ERRORS as error:
             raise FormatError(f"member {member.filename!r} cannot be read ({_first_line(error)})", path) from None
+        if dtype.hasobject:
+            # A pickle: never read (that would run code), only carried byte for byte.
+            self.tensors[name] = TensorInfo(name, shape, dtype, fortran, numeric=False,
+                                            dtype_label="Python objects (pickle)")
+            self.members[name] = member
+            self.headers[name] = header
+            self._data_start[name] = header_length
+            return
         nbytes = checked_size(shape, dtype.itemsize, path, name)
         if member.file_size != header_length + nbytes:
             raise FormatError(
@@ -236,7 +245,7 @@ class NpzWriter(TensorWriter):
         self._written = 0  # elements of the current member written so far
         self._member: IO[bytes] | None = None
         for info in tensors:  # refuse what .npy cannot record before writing anything
-            if not info.numeric:
+            if not info.numeric and self._template_header(info) is None:  # (a source member is copied as is)
                 raise UnsupportedError(f"tensor {info.name!r} of dtype {info.dtype} cannot be written", target)
             if self._template_header(info) is None:
                 header_bytes(info.dtype, info.shape, info.fortran_order)
@@ -307,11 +316,40 @@ class NpzWriter(TensorWriter):
 
     def copy_tensor(self, reader: TensorReader, name: str, max_bytes: int = 8 << 20) -> None:
         info = self.tensors[name]
+        if reader is self._like and self._template_header(info) is not None:
+            self._copy_member(name)  # unchanged: the source member's bytes, strings and dates included
+            return
         step = max(1, max_bytes // max(1, info.dtype.itemsize))
         if info.size == 0:
             self._advance_to(name)
         for start in range(0, info.size, step):
             self.write_flat(name, start, reader.read_flat(name, start, min(info.size, start + step)))
+
+    def _copy_member(self, name: str) -> None:
+        target = self._positions[name]
+        if target < self._position or (target == self._position and self._member is not None):
+            raise FormatError(f"internal error: tensor {name!r} written out of order", self.target)
+        while self._position < target:
+            self._close_member()
+        assert self._like is not None
+        source = self._like.members[name]
+        with self._zip.open(self._zipinfo(self.tensors[name]), "w", force_zip64=True) as write:
+            try:
+                read = self._like._zip.open(source)
+            except ZIP_ERRORS as error:
+                raise FormatError(f"member {source.filename!r} cannot be read ({_first_line(error)})",
+                                  self._like.path) from None
+            with read:
+                while True:
+                    try:
+                        chunk = read.read(1 << 20)
+                    except ZIP_ERRORS as error:  # a corrupt stream (its CRC is checked at the end)
+                        raise FormatError(f"member {source.filename!r} cannot be read ({_first_line(error)})",
+                                          self._like.path) from None
+                    if not chunk:
+                        break
+                    write.write(chunk)
+        self._position += 1
 
     def _finish(self) -> None:
         while self._position < len(self._order_names):
