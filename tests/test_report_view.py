@@ -363,6 +363,24 @@ def test_skipped_tensors_are_named_in_natural_order(tmp_path):
     assert "measured whole: layers.1.bias, layers.2.bias, layers.10.bias" in text
 
 
+@pytest.mark.parametrize("width", [40, 60, 80, 120])
+def test_the_rule_under_the_header_spans_the_table(tmp_path, width):
+    from tclip.pipeline import file_info
+    from tclip.render import render_info
+
+    source = write_st(tmp_path / "g.safetensors", LLAMA, 10.0)
+    console = Console(file=io.StringIO(), width=width, color_system=None)
+    render_info(file_info(source), console, width=width)
+    texts = [rendered(report_file(source), width),
+             rendered(clip_file(source, NormClip(1.0), ClipOptions(dry_run=True)), width),
+             console.file.getvalue()]
+    for text in texts:
+        lines = [line.rstrip() for line in text.splitlines()]
+        rule = next(i for i, line in enumerate(lines) if line and set(line) == {"─"})
+        rows = lines[rule + 1:rule + 1 + len(LLAMA)]
+        assert len(lines[rule]) == max(len(row) for row in rows + [lines[rule - 1]]), text
+
+
 def test_slices_by_index_smallest_and_dead(tmp_path):
     w = np.ones((64, 8), np.float32)
     w[[7, 42]] *= 100

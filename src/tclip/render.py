@@ -317,9 +317,10 @@ def lay_out(names: list[str], columns: list[Column], width: int | None, symbols:
     if bar_cells is not None:
         header.append(" " * GAP)
         header.append(bar_header, style="bold")
-    lines = [header.rstrip() or header]
-    rule_width = header.cell_len
-    lines.append(Text(symbols.rule * rule_width, style="dim"))
+    table_width = name_width + sum(GAP + w for w in widths) + (GAP + bar_width if bar_cells is not None else 0)
+    header.rstrip()
+    lines = [header]
+    lines.append(Text(symbols.rule * max(table_width, header.cell_len), style="dim"))
     for row, name in enumerate(names):
         line = Text(safe(shown[name]).ljust(name_width))
         for c, cells, w in zip(cols, col_cells, widths):
