@@ -172,3 +172,52 @@ def test_cosine_column_never_rounds_a_difference_to_one():
     assert _cosine(-1.0) == "-1"
     assert _cosine(float("nan")) == "nan" and _cosine(None) == "—"
     assert float(_cosine(1 - 2 ** -52)) != 1.0
+
+
+class _Trap:
+    """Unpickling this runs code (it creates a file)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+@pytest.mark.parametrize("save", [np.savez, np.savez_compressed], ids=["stored", "deflated"])
+def test_what_is_not_numbers_in_an_npz_is_compared_exactly_and_never_unpickled(tmp_path, save):
+    trap = tmp_path / "pickle-ran"
+    objects = np.empty(2, dtype=object)
+    objects[0], objects[1] = _Trap(str(trap)), "x"
+    save(tmp_path / "a.npz", w=np.ones(3, np.float32), names=np.array(["fc1", "fc2", "fc3"]), objs=objects)
+    save(tmp_path / "same.npz", w=np.ones(3, np.float32), names=np.array(["fc1", "fc2", "fc3"]), objs=objects)
+    objects[1] = "y"
+    save(tmp_path / "b.npz", w=np.ones(3, np.float32), names=np.array(["fc1", "fcX", "fc3"]), objs=objects)
+    assert run("diff", tmp_path / "a.npz", tmp_path / "same.npz").exit_code == 0
+    result = run("diff", "--json", tmp_path / "a.npz", tmp_path / "b.npz")
+    assert result.exit_code == 3, result.output
+    tensors = {t["name"]: t for t in json.loads(result.stdout)["tensors"]}
+    assert tensors["names"]["status"] == "compared" and tensors["names"]["outside"] == 1
+    assert tensors["objs"]["status"] == "compared" and tensors["objs"]["outside"] == 1
+    assert tensors["w"]["outside"] == 0
+    assert not trap.exists()
+
+
+def test_hdf5_string_datasets_are_compared_and_missing_ones_are_differences(tmp_path):
+    def write(name, vocab):
+        with h5py.File(tmp_path / name, "w") as f:
+            f["w"] = np.ones(3, np.float32)
+            if vocab is not None:
+                f["vocab"] = np.array(vocab)
+        return tmp_path / name
+
+    a, same, other, none = (write("a.h5", [b"<pad>", b"the"]), write("s.h5", [b"<pad>", b"the"]),
+                            write("o.h5", [b"<pad>", b"a"]), write("n.h5", None))
+    assert run("diff", a, same).exit_code == 0
+    changed = run("diff", "--json", a, other)
+    assert changed.exit_code == 3
+    vocab = next(t for t in json.loads(changed.stdout)["tensors"] if t["name"] == "vocab")
+    assert vocab["status"] == "compared" and vocab["outside"] == 1 and vocab["elements"] == 2
+    missing = run("diff", "--json", a, none)
+    assert missing.exit_code == 3
+    assert [t["status"] for t in json.loads(missing.stdout)["tensors"] if t["name"] == "vocab"] == ["only in A"]

@@ -22,6 +22,8 @@ import math
 import re
 import time
 from collections.abc import Iterator
+from contextlib import closing
+from itertools import zip_longest
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -293,6 +295,8 @@ def diff_files(a: Path | str, b: Path | str, *, rtol: float = 0.0, atol: float =
             elif not (_comparable(info_a) and _comparable(info_b)):
                 entry.status = "not compared"
                 entry.note = info_a.refused or info_b.refused or "not numeric"
+                if _same_kind_of_bytes(info_a, info_b):
+                    _compare_bytes(reader_a, reader_b, entry, old, new, report)
             elif is_bool(info_a.dtype) != is_bool(info_b.dtype):
                 entry.status = "not compared"
                 entry.note = "bool against numbers"
@@ -304,6 +308,7 @@ def diff_files(a: Path | str, b: Path | str, *, rtol: float = 0.0, atol: float =
             report.tensors.append(TensorDiff(name, None, None, list(info_b.shape), None, dtype_name(info_b.dtype),
                                              "only in B"))
         _compare_pairs(reader_a, reader_b, pairs, report, Budget(memory, threads, block_bytes))
+        _compare_others(reader_a, reader_b, rules, selection, report, memory)
     # The global figures cover floating tensors, as the report's global norm does (a step
     # counter would swamp them).
     compared = [t for t in report.tensors if t.status == "compared" and _floating_name(t.dtype_a)]
@@ -313,6 +318,84 @@ def diff_files(a: Path | str, b: Path | str, *, rtol: float = 0.0, atol: float =
                                                if t.norm_a is not None and math.isfinite(t.norm_a)))
     report.elapsed_s = time.perf_counter() - started
     return report
+
+
+def _compare_others(reader_a: TensorReader, reader_b: TensorReader, rules: list[tuple[re.Pattern[str], str]],
+                    selection: Selection, report: "DiffReport", memory: int) -> None:
+    """What is not a tensor (HDF5 string, compound, enum datasets, dimension scales): matched
+    by name like tensors; equal when their values are (read as data, within ``memory``)."""
+    others_b = {o.name: o for o in reader_b.others if selection.matches(o.name)}
+    for other in reader_a.others:
+        new = apply_mapping(other.name, rules)
+        if not selection.matches(new):
+            continue
+        entry = TensorDiff(other.name, new if new != other.name else None,
+                           list(other.shape) if other.shape is not None else None, None, other.dtype)
+        match = others_b.pop(new, None)
+        if match is None:
+            entry.status = "only in A"
+        else:
+            entry.shape_b, entry.dtype_b = (list(match.shape) if match.shape is not None else None), match.dtype
+            if entry.shape_a != entry.shape_b:
+                entry.status = "shape differs"
+            else:
+                entry.status, entry.note = "not compared", other.kind
+                x, y = reader_a.other_values(other.name, memory), reader_b.other_values(new, memory)
+                if x is not None and y is not None:
+                    try:
+                        differing = int(np.count_nonzero(np.asarray(x != y).reshape(-1))) if x.shape == y.shape \
+                            else 1
+                    except (TypeError, ValueError):
+                        differing = -1
+                    if differing >= 0 and x.dtype == y.dtype:
+                        entry.status, entry.note = "compared", f"not numbers ({other.kind}): compared as data"
+                        entry.elements, entry.outside = int(x.size), differing
+                        report.bytes_read += x.nbytes + y.nbytes
+        report.tensors.append(entry)
+    for name, other in sorted(others_b.items()):
+        report.tensors.append(TensorDiff(name, None, None, list(other.shape) if other.shape is not None else None,
+                                         None, other.dtype, "only in B"))
+
+
+def _same_kind_of_bytes(a: TensorInfo, b: TensorInfo) -> bool:
+    """Data that is not numbers (strings, dates, opaque types, pickles) of one type on both sides."""
+    return (not a.numeric and not b.numeric and not a.refused and not b.refused and a.dtype == b.dtype
+            and a.dtype_label == b.dtype_label)
+
+
+def _compare_bytes(reader_a: TensorReader, reader_b: TensorReader, entry: "TensorDiff", old: str, new: str,
+                   report: "DiffReport") -> None:
+    """Data that is not numbers is equal when its stored bytes are: compare them, element by
+    element where elements have a fixed size (a pickle is one stream: equal or not)."""
+    chunks_a, chunks_b = reader_a.stored_bytes(old), reader_b.stored_bytes(new)
+    if chunks_a is None or chunks_b is None:
+        return
+    info = reader_a.tensors[old]
+    itemsize = 0 if info.dtype.hasobject else info.dtype.itemsize
+    differing, total_a, total_b = 0, 0, 0
+    pending_a, pending_b = b"", b""
+    with closing(chunks_a), closing(chunks_b):  # type: ignore[type-var]
+        for part_a, part_b in zip_longest(chunks_a, chunks_b, fillvalue=b""):
+            total_a, total_b = total_a + len(part_a), total_b + len(part_b)
+            pending_a, pending_b = pending_a + part_a, pending_b + part_b
+            common = min(len(pending_a), len(pending_b))
+            if itemsize:
+                common -= common % itemsize
+            if common:
+                x = np.frombuffer(pending_a[:common], np.uint8)
+                y = np.frombuffer(pending_b[:common], np.uint8)
+                if itemsize:
+                    differing += int(np.count_nonzero((x != y).reshape(-1, itemsize).any(axis=1)))
+                elif not np.array_equal(x, y):
+                    differing = 1
+                pending_a, pending_b = pending_a[common:], pending_b[common:]
+    if pending_a != pending_b or total_a != total_b:
+        differing = max(differing, 1)
+    report.bytes_read += total_a + total_b
+    entry.status = "compared"
+    entry.elements = math.prod(entry.shape_a or [])
+    entry.outside = differing if itemsize else min(differing, 1)
+    entry.note = "not numbers: compared byte for byte" + ("" if itemsize else " (pickled objects: as one stream)")
 
 
 def _compare_pairs(reader_a: TensorReader, reader_b: TensorReader, pairs: list[tuple[TensorDiff, str, str]],

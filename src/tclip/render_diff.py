@@ -75,11 +75,13 @@ def render_diff(report: DiffReport, console: Console, width: int | None, *, sort
                 parts.append(safe(t.name))
         more = f" and {len(items) - 12} more" if len(items) > 12 else ""
         lines.append(Text(f"{status}: {', '.join(parts)}{more}", style="yellow" if status != "not compared" else "dim"))
-    notes = [t for t in compared if t.note]
-    if notes:
-        lines.append(Text(f"compared as values: {', '.join(safe(t.name) for t in notes[:6])}"
-                          + (f" and {len(notes) - 6} more" if len(notes) > 6 else "") + " (dtypes differ)",
-                          style="dim"))
+    for label, picked in (("compared as values", [t for t in compared if t.note and t.note.startswith("dtypes")]),
+                          ("not numbers, compared exactly",
+                           [t for t in compared if t.note and t.note.startswith("not numbers")])):
+        if picked:
+            reason = " (dtypes differ)" if label == "compared as values" else ""
+            lines.append(Text(f"{label}: {', '.join(safe(t.name) for t in picked[:6])}"
+                              + (f" and {len(picked) - 6} more" if len(picked) > 6 else "") + reason, style="dim"))
     verdict = "differ" if report.differs else "same"
     summary = Text(f"{verdict}: ", style="bold red" if report.differs else "bold green")
     summary.append(report.summary_line() if symbols.arrow == "→" else

@@ -353,6 +353,32 @@ class TensorReader(ABC):
         """Whether :meth:`read_flat` of this tensor may run on several threads at once."""
         return self.region(name) is not None
 
+    def other_values(self, name: str, limit: int) -> np.ndarray | None:
+        """The values of a non-tensor object (an HDF5 string dataset, ...) for comparing,
+        when the format can give them as data (never code) in at most ``limit`` bytes."""
+        return None
+
+    def stored_bytes(self, name: str, chunk: int = 1 << 20) -> Iterator[bytes] | None:
+        """The tensor's stored bytes in storage order, never interpreted (for data that
+        is not numbers: strings, dates, opaque types), or None where the format keeps
+        them in no single run of the file."""
+        region = self.region(name)
+        if region is None:
+            return None
+        fd, offset = region
+        total = self.tensors[name].nbytes
+
+        def chunks() -> Iterator[bytes]:
+            done = 0
+            while done < total:
+                data = os.pread(fd, min(chunk, total - done), offset + done)
+                if not data:
+                    raise FormatError(f"tensor {name!r}: file is truncated", self.path)
+                done += len(data)
+                yield data
+
+        return chunks()
+
     def align(self, name: str) -> int:
         """Blocks should end on multiples of this many elements (0: anywhere), e.g. HDF5 chunk rows."""
         return 0

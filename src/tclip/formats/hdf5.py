@@ -297,6 +297,19 @@ class Hdf5Reader(TensorReader):
                 # file, read and written with pread/pwrite from any thread, no h5py in between.
                 self.raw_chunks[name] = RawChunks(tuple(dataset.chunks), tuple(info.shape), info.dtype.itemsize)
 
+    def other_values(self, name: str, limit: int) -> np.ndarray | None:
+        """A string, compound, enum or scale dataset's values (h5py decodes them as data)."""
+        with self._lock:
+            try:
+                dataset = self.file[name]
+                if not isinstance(dataset, h5py.Dataset) or foreign_storage(dataset) or self._bomb(dataset):
+                    return None
+                if dataset.shape is None or math.prod(dataset.shape) * max(dataset.dtype.itemsize, 16) > limit:
+                    return None
+                return np.asarray(dataset[()])
+            except _H5_ERRORS:
+                return None
+
     def _bomb(self, dataset: h5py.Dataset) -> str | None:
         logical = math.prod(dataset.shape) * dataset.dtype.itemsize
         stored = dataset.id.get_storage_size()

@@ -20,7 +20,7 @@ import struct
 import threading
 import zipfile
 import zlib
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -155,6 +155,26 @@ class NpzReader(TensorReader):
         if name in self.absolute:
             return self._fd, self.absolute[name]
         return None
+
+    def stored_bytes(self, name: str, chunk: int = 1 << 20) -> Iterator[bytes] | None:
+        """The member's bytes after its .npy header, stored or deflated (a pickle too:
+        its bytes are compared or copied, never loaded)."""
+        member, skip = self.members[name], self._data_start[name]
+
+        def chunks() -> Iterator[bytes]:
+            try:
+                with self._zip.open(member) as stream:  # its own stream: zipfile shares the file safely
+                    stream.read(skip)
+                    while True:
+                        data = stream.read(chunk)
+                        if not data:
+                            return
+                        yield data
+            except ZIP_ERRORS as error:
+                raise FormatError(f"member {member.filename!r} cannot be read ({_first_line(error)})",
+                                  self.path) from None
+
+        return chunks()
 
     def read(self, name: str, index: Index | None = None, scratch: bytearray | None = None) -> np.ndarray:
         info = self.tensors[name]
