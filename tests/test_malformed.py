@@ -90,6 +90,10 @@ CASES = [
      "not a valid .npz archive"),
     ("npz-member-truncated", "x.npz", lambda p: zip_bytes({"a.npy": npy_bytes(np.arange(10.0))[:-16]}),
      "member 'a.npy' is truncated or padded"),
+    ("npz-pickle-bad-shape", "x.npz",
+     lambda p: zip_bytes({"a.npy": b"\x93NUMPY\x01\x00" + (lambda h: len(h).to_bytes(2, "little") + h)(
+         b"{'descr': '|O', 'fortran_order': False, 'shape': (-3,), }".ljust(118) + b"\n") + b"\x80\x04N."}),
+     "invalid shape [-3]"),
     ("npz-garbage-member", "x.npz", lambda p: zip_bytes({"a.npy": b"garbage"}), "member 'a.npy': not a valid .npy header"),
     # hdf5
     ("h5-truncated", "x.h5", lambda p: h5_bytes(p)[:1500], "x.h5: "),
