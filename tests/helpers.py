@@ -18,3 +18,14 @@ def ulp_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def correctly_rounded(exact: np.ndarray, dtype) -> np.ndarray:
     """float64 values rounded once to ``dtype``."""
     return np.asarray(exact, dtype=np.float64).astype(dtype)
+
+
+class PickleTrap:
+    """Unpickling this runs code: it creates the file named at pickling time. Tests plant
+    it in object arrays to prove tclip never loads a pickle."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from formats_helpers import safetensors_bytes
+from helpers import PickleTrap
 
 from tclip.cli import cli
 from tclip.diff import diff_files, parse_mapping
@@ -174,21 +175,12 @@ def test_cosine_column_never_rounds_a_difference_to_one():
     assert float(_cosine(1 - 2 ** -52)) != 1.0
 
 
-class _Trap:
-    """Unpickling this runs code (it creates a file)."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def __reduce__(self):
-        return (open, (self.path, "w"))
-
 
 @pytest.mark.parametrize("save", [np.savez, np.savez_compressed], ids=["stored", "deflated"])
 def test_what_is_not_numbers_in_an_npz_is_compared_exactly_and_never_unpickled(tmp_path, save):
     trap = tmp_path / "pickle-ran"
     objects = np.empty(2, dtype=object)
-    objects[0], objects[1] = _Trap(str(trap)), "x"
+    objects[0], objects[1] = PickleTrap(str(trap)), "x"
     save(tmp_path / "a.npz", w=np.ones(3, np.float32), names=np.array(["fc1", "fc2", "fc3"]), objs=objects)
     save(tmp_path / "same.npz", w=np.ones(3, np.float32), names=np.array(["fc1", "fc2", "fc3"]), objs=objects)
     objects[1] = "y"

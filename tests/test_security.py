@@ -10,6 +10,7 @@ import h5py
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from helpers import PickleTrap
 
 from tclip.cli import cli
 from tclip.errors import OutputExistsError, TclipError
@@ -133,22 +134,13 @@ def test_concurrent_runs_on_one_output_never_both_succeed(tmp_path):
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tclip-tmp")]
 
 
-class _Trap:
-    """Unpickling this runs code: it creates the file named at pickling time."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def __reduce__(self):
-        return (open, (self.path, "w"))
-
 
 @pytest.mark.parametrize("save", [np.savez, np.savez_compressed], ids=["stored", "deflated"])
 def test_a_pickled_npz_member_is_carried_and_never_unpickled(tmp_path, save):
     trap = tmp_path / "pickle-ran"
     source = tmp_path / "g.npz"
     objects = np.empty(1, dtype=object)
-    objects[0] = _Trap(str(trap))
+    objects[0] = PickleTrap(str(trap))
     save(source, w=np.full((4, 4), 3.0, np.float32), objects=objects)
     before = source.read_bytes()
     for args in (["info", "--json"], ["report", "--json"], ["diff", source], ["norm", "--clip", "1"],
