@@ -23,8 +23,8 @@ import re
 import time
 from collections.abc import Iterator
 from contextlib import closing
-from itertools import zip_longest
 from dataclasses import asdict, dataclass, field
+from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 

@@ -37,6 +37,7 @@ from .engine import BlockRunner, Budget, Job, tensor_jobs
 from .errors import NonFiniteError, OutputExistsError, TclipError, UnsupportedError
 from .formats import (
     DEFAULT_BLOCK_BYTES,
+    KERAS_WEIGHTS_SUFFIX,
     TensorInfo,
     TensorReader,
     TensorWriter,
@@ -55,7 +56,14 @@ from .plan import (
     plan_scales,
     value_bounds,
 )
-from .report import FileReport, InfoReport, InfoTensor, OtherReport, TensorReport, slice_summary
+from .report import (
+    FileReport,
+    InfoReport,
+    InfoTensor,
+    OtherReport,
+    TensorReport,
+    slice_summary,
+)
 from .stats import TensorStats, kept_index, normalize_axes
 from .units import UnitGrid
 
@@ -144,8 +152,9 @@ def default_output(path: Path, out_dir: Path | None = None) -> Path:
     path = Path(path)
     if out_dir is not None:
         return Path(out_dir) / path.name
-    if path.name.lower().endswith(".weights.h5") and len(path.name) > len(".weights.h5"):
-        return path.with_name(f"{path.name[:-len('.weights.h5')]}.clipped{path.name[-len('.weights.h5'):]}")
+    cut = len(KERAS_WEIGHTS_SUFFIX)
+    if path.name.lower().endswith(KERAS_WEIGHTS_SUFFIX) and len(path.name) > cut:
+        return path.with_name(f"{path.name[:-cut]}.clipped{path.name[-cut:]}")
     return path.with_name(f"{path.stem}.clipped{path.suffix}")
 
 

@@ -8,7 +8,17 @@ from rich.console import Console
 from rich.text import Text
 
 from .diff import DiffReport, TensorDiff
-from .render import Column, fmt_column, human_bytes, lay_out, natural_key, print_lines, safe, short_dtype, symbols_for
+from .render import (
+    Column,
+    fmt_column,
+    human_bytes,
+    lay_out,
+    natural_key,
+    print_lines,
+    safe,
+    short_dtype,
+    symbols_for,
+)
 
 
 def _order(tensors: list[TensorDiff], sort: str) -> list[TensorDiff]:

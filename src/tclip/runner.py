@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import TclipError
-from .formats import SUFFIXES
+from .formats import KERAS_WEIGHTS_SUFFIX, SUFFIXES
 from .text import natural_key, safe
 
 EXIT_FAILED = 1
@@ -44,7 +44,7 @@ def gate_tolerance(dtype: str) -> float:
 
 
 def is_tensor_file(path: Path) -> bool:
-    own_output = path.stem.endswith(".clipped") or path.name.lower().endswith(".clipped.weights.h5")
+    own_output = path.stem.endswith(".clipped") or path.name.lower().endswith(".clipped" + KERAS_WEIGHTS_SUFFIX)
     return path.suffix.lower() in SUFFIXES and not own_output
 
 

@@ -31,6 +31,7 @@ HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
 __all__ = [
     "DEFAULT_BLOCK_BYTES",
+    "KERAS_WEIGHTS_SUFFIX",
     "Index",
     "TensorInfo",
     "TensorReader",
@@ -62,6 +63,8 @@ _MALFORMED = (ValueError, TypeError, KeyError, IndexError, OverflowError, struct
               UnicodeError, NotImplementedError, RuntimeError, EOFError, LookupError)
 
 SUFFIXES = {".npy": "npy", ".npz": "npz", ".safetensors": "safetensors", ".h5": "hdf5", ".hdf5": "hdf5"}
+# Keras 3 loads weights only from names ending so: tclip's outputs keep the ending whole.
+KERAS_WEIGHTS_SUFFIX = ".weights.h5"
 
 
 def format_for_suffix(path: Path) -> str | None:
