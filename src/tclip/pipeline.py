@@ -56,6 +56,7 @@ from .plan import (
     plan_scales,
     value_bounds,
 )
+from .quantized import describe, scale_companions
 from .report import (
     FileReport,
     InfoReport,
@@ -754,10 +755,43 @@ def finish_report(report: FileReport, stats: FileStats, plan: Plan, rewrite: Rew
         report.warnings += rewrite.warnings
 
 
+def refuse_quantized(names: list[str], selection: Selection, path: object) -> None:
+    """Refuse to clip a quantized weight (codes plus scale tensors) as if it were plain values.
+
+    Multiplying the codes rounds them again and multiplying codes and scales
+    scales the real weight twice: the model would be destroyed. Until tclip
+    clips such weights by their scales, a selected code or scale tensor is an error.
+    """
+    pairs = scale_companions(names)
+    hit = [(weight, scales) for weight, scales in pairs.items()
+           if any(selection.matches(n) for n in (weight, *scales))]
+    if not hit:
+        return
+    weight, scales = hit[0]
+    more = f" (and {len(hit) - 1} more quantized weight(s))" if len(hit) > 1 else ""
+    raise UnsupportedError(f"tensor {describe(weight, scales)}{more} is a quantized weight: its real values are "
+                           "codes times scales, and clipping codes or scales as plain values would destroy it; "
+                           "tclip does not clip quantized weights yet; nothing was written. Leave them out "
+                           "with --exclude to clip the rest", path)
+
+
+def quantized_warning(names: list[str]) -> str | None:
+    """The report's word that the norms of quantized weights shown are of their raw codes."""
+    pairs = scale_companions(names)
+    if not pairs:
+        return None
+    listing = ", ".join(describe(w, s) for w, s in list(pairs.items())[:3])
+    if len(pairs) > 3:
+        listing += f" and {len(pairs) - 3} more"
+    return (f"{len(pairs)} quantized weight(s) ({listing}): the norms shown are of their raw codes and of "
+            "their scale tensors as plain values, not of the real (dequantized) weights")
+
+
 def header_checks(reader: TensorReader, entries: list[TensorEntry], mode: Mode, options: ClipOptions,
                   path: Path, warnings: list[str]) -> None:
     """What can be refused from the header alone, before any data is read."""
     selection = options.selection
+    refuse_quantized(list(reader.tensors), selection, path)
     refused = [info for info in reader.tensors.values()
                if info.refused and selection.matches(info.name) and is_floating(info.dtype)]
     if refused:
@@ -920,6 +954,9 @@ def report_from_stats(stats: FileStats, ord: str, params: dict[str, object],
         report.global_norm = max(norms, default=0.0)
     for pattern in (selection or Selection()).unmatched([t.name for t in report.tensors]):
         report.warnings.append(f"pattern {pattern!r} matches no tensor")
+    quantized = quantized_warning([t.name for t in report.tensors])
+    if quantized:
+        report.warnings.append(quantized)
     return report
 
 

@@ -56,6 +56,7 @@ from .pipeline import (
     make_plan,
     mode_params,
     report_from_stats,
+    refuse_quantized,
     rewrite_file,
     start_report,
 )
@@ -81,6 +82,7 @@ class TensorSet:
     index: Path | None = None
     index_data: dict[str, Any] = field(default_factory=dict)
     allow: dict[Path, frozenset[str]] | None = None
+    names: list[str] = field(default_factory=list)  # every tensor of the set (filled when resolved)
 
     @property
     def metadata(self) -> dict[str, Any]:
@@ -248,7 +250,10 @@ def _resolve(tensor_set: TensorSet) -> TensorSet:
     for file in tensor_set.files:
         if not file.is_file():
             raise TclipError(f"shard {file.name} is missing" if tensor_set.index else "no such file", file)
-    check_members(tensor_set, _headers(tensor_set.files))
+    headers = _headers(tensor_set.files)
+    check_members(tensor_set, headers)
+    tensor_set.names = [n for f in tensor_set.files for n in headers[f]
+                        if tensor_set.allow is None or n in tensor_set.allow[f]]
     return tensor_set
 
 
@@ -292,6 +297,7 @@ def clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_addres
     if isinstance(mode, ValueClip):
         value_bounds(np.dtype(np.float64), mode.clip_value_min, mode.clip_value_max)
     tensor_set = _resolve(tensor_set)
+    refuse_quantized(tensor_set.names, options.selection, tensor_set.name)
     axes = mode.axes if isinstance(mode, NormClip) else None
     targets, index_target = _targets(tensor_set, options)
     overwrite = options.overwrite or options.in_place
