@@ -660,14 +660,49 @@ def _run_rewrite(reader: TensorReader, writer: TensorWriter | None, work: dict[s
 # --------------------------------------------------------------------------- one file
 
 
-def _resolve_output(path: Path, options: ClipOptions) -> Path:
+def output_for(path: Path, options: ClipOptions) -> Path:
+    """Where clipping ``path`` writes (not checked: see :func:`check_outputs`)."""
     if options.in_place:
         # A symlink stays a symlink: its target is what gets replaced.
         return Path(os.path.realpath(path))
-    out = Path(options.output) if options.output is not None else default_output(path, options.out_dir)
-    if out.exists() and out.resolve() == path.resolve():
-        raise TclipError("the output would replace the input; use --in-place for that", path)
-    return out
+    return Path(options.output) if options.output is not None else default_output(path, options.out_dir)
+
+
+def check_outputs(outputs: dict[Path, Path], inputs: list[Path]) -> None:
+    """Refuse, before anything is written, an output (``outputs`` maps each input to its
+    output) that is one of ``inputs`` -- the same file by device and inode, through
+    symlinks and hard links -- or that two inputs share. ``--force`` replaces old
+    outputs, never an input nor another input's output, so it changes nothing here.
+    """
+    identities: dict[tuple[int, int], Path] = {}
+    for path in inputs:
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue  # reported when it is read
+        identities.setdefault((st.st_dev, st.st_ino), Path(path))
+    claimed: dict[str, Path] = {}
+    for source, out in outputs.items():
+        try:
+            st = os.stat(out)
+        except OSError:
+            pass
+        else:
+            replaced = identities.get((st.st_dev, st.st_ino))
+            if replaced is not None:
+                raise TclipError(f"the output {out} would replace the input {replaced}; nothing was written "
+                                 "(--in-place replaces inputs)", source)
+        first = claimed.setdefault(os.path.realpath(out), source)
+        if first != source and not _same_file(first, source):
+            raise TclipError(f"{first} and {source} would both be written to this file; nothing was written "
+                             "(clip them into separate folders)", out)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def _nonfinite_message(report: FileReport) -> str:
@@ -859,7 +894,9 @@ def clip_file(path: Path | str, mode: Mode, options: ClipOptions | None = None,
         entries, _ = select(reader, options.selection, axes)
         warnings: list[str] = []
         header_checks(reader, entries, mode, options, path, warnings)
-        target = _resolve_output(path, options)
+        target = output_for(path, options)
+        if not options.in_place:
+            check_outputs({path: target}, [path])
         overwrite = options.overwrite or options.in_place
         would_write, exists = target, os.path.lexists(target)
         if options.dry_run:

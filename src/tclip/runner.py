@@ -308,6 +308,13 @@ def run_clip(mode: Any, *, files: tuple[str, ...], recursive: bool, output: Path
         render_file(report, runner.out, width=runner.width, sort="name")  # natural order, as report
 
     try:
+        if not dry_run and not in_place:
+            # Every output of the run against every input of the run, before anything is written.
+            try:
+                _check_run_outputs(inputs, options, use_sets, across_files)
+            except TclipError as error:
+                runner.error(str(error.path), str(error))
+                return runner.finish()
         with runner.progress(2 * total) as progress:
             for name, item in (group_sets(inputs, across_files) if use_sets else inputs):
                 if item is None:
@@ -330,6 +337,36 @@ def run_clip(mode: Any, *, files: tuple[str, ...], recursive: bool, output: Path
             except OSError:
                 break
     return runner.finish()
+
+
+def _check_run_outputs(inputs: list[tuple[str, Path | None]], options: Any, use_sets: bool,
+                       across_files: bool) -> None:
+    """No output of the run is one of its inputs, and no two inputs share an output
+    (see :func:`tclip.pipeline.check_outputs`); inputs that cannot be read are left
+    to fail on their own turn."""
+    from .pipeline import check_outputs, output_for
+    from .tensorset import group_sets, planned_outputs
+
+    outputs: dict[Path, Path] = {}
+    every: list[Path] = []
+    for _, item in (group_sets(inputs, across_files) if use_sets else inputs):
+        if item is None:
+            continue
+        try:
+            if use_sets:
+                part, members = planned_outputs(item, options)
+            elif item.exists():
+                part, members = {item: output_for(item, options)}, [item]
+            else:
+                continue
+        except (TclipError, OSError):
+            continue
+        for source, out in part.items():
+            if source in outputs:  # one input given twice: its output is written twice, as before
+                continue
+            outputs[source] = out
+        every += members
+    check_outputs(outputs, every)
 
 
 # --------------------------------------------------------------------------- report

@@ -50,6 +50,7 @@ from .pipeline import (
     RewriteResult,
     Selection,
     TensorWork,
+    check_outputs,
     default_output,
     file_statistics,
     finish_report,
@@ -286,6 +287,21 @@ def _targets(tensor_set: TensorSet, options: ClipOptions) -> tuple[dict[Path, Pa
     return {f: default_output(f, options.out_dir) for f in tensor_set.files}, None
 
 
+def planned_outputs(tensor_set: TensorSet, options: ClipOptions) -> tuple[dict[Path, Path], list[Path]]:
+    """What a run that is not ``--in-place`` would write: each input (shards and index)
+    with its output, and every input of the set, for :func:`tclip.pipeline.check_outputs`."""
+    if tensor_set.index is not None and not tensor_set.files:
+        tensor_set = load_index(tensor_set.index)
+    targets, index_target = _targets(tensor_set, replace(options, dry_run=False))
+    outputs: dict[Path, Path] = {f: t for f, t in targets.items() if t is not None}
+    inputs = list(tensor_set.files)
+    if tensor_set.index is not None:
+        inputs.append(tensor_set.index)
+        if index_target is not None:
+            outputs[tensor_set.index] = index_target
+    return outputs, inputs
+
+
 def clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_address: str | None = None,
              progress: Callable[[str], Callable[[int], None]] | None = None) -> FileReport:
     """Clip one tensor set: pass 1 on every file, one plan, pass 2 on every file, the index last."""
@@ -300,6 +316,8 @@ def clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_addres
     refuse_quantized(tensor_set.names, options.selection, tensor_set.name)
     axes = mode.axes if isinstance(mode, NormClip) else None
     targets, index_target = _targets(tensor_set, options)
+    if not options.in_place and not options.dry_run:
+        check_outputs(*planned_outputs(tensor_set, options))
     overwrite = options.overwrite or options.in_place
     if not overwrite:
         for out in [*targets.values(), index_target]:
@@ -487,7 +505,7 @@ def _atomic_json(target: Path, data: Any, mode_from: Path | None = None, overwri
 
     output = AtomicOutput(target, overwrite=overwrite, mode_from=mode_from)
     try:
-        with open(output.temp, "w", encoding="utf-8") as handle:
+        with os.fdopen(output.open(), "w", encoding="utf-8") as handle:
             json.dump(data, handle, indent=2, ensure_ascii=False)
             handle.write("\n")
         output.commit()

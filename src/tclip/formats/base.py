@@ -26,6 +26,7 @@ import os
 import re
 import secrets
 import socket
+import stat
 import sys
 import threading
 import time
@@ -503,7 +504,7 @@ class PositionalWriter(TensorWriter):
         self._fd = -1
 
     def _open(self, header: bytes, total: int) -> None:
-        self._fd = os.open(self.output.temp, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+        self._fd = self.output.open()
         pwrite_all(self._fd, memoryview(header), 0)
         os.ftruncate(self._fd, total)
 
@@ -622,6 +623,8 @@ def _renameat2_noreplace(source: Path, target: Path) -> bool | None:
 
 
 TEMP_SUFFIX = ".tclip-tmp"
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _HOST = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:40] or "host"
 # .NAME.HOST.PID.TOKEN.tclip-tmp
 _TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.(?P<host>[A-Za-z0-9-]+)\.(?P<pid>\d+)\.[0-9a-f]{8}\.tclip-tmp$")
@@ -703,14 +706,41 @@ class AtomicOutput:
         self.overwrite = overwrite
         self._done = False
         try:
-            fd = os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
+            # O_EXCL: a link planted at this name fails the call, it is never followed.
+            self._fd = os.open(self.temp, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o600)
         except OSError as error:
             raise TclipError(f"cannot write to this folder ({error.strerror or error})", self.target.parent) \
                 from None
         LIVE_TEMPS.add(str(self.temp))
+        # The file stays open until commit or abort: writers get copies of this descriptor,
+        # never the file found under the name (whoever else can write to the folder could
+        # have put a link there meanwhile), and its inode number cannot be reused meanwhile.
+        st = os.fstat(self._fd)
+        self._identity = (st.st_dev, st.st_ino)
+        os.fchmod(self._fd, self.mode)
+
+    def open(self) -> int:
+        """A new descriptor of the temporary file, for reading and writing (the caller closes it)."""
+        return os.dup(self._fd)
+
+    def check(self) -> None:
+        """The name of the temporary file is still this file (before a library opens it by
+        name, as h5py does, and before the rename): a link or another file put in its place is
+        never written through, nor renamed to the target."""
         try:
-            os.fchmod(fd, self.mode)
-        finally:
+            st = os.lstat(self.temp)
+        except OSError:
+            raise self._replaced() from None
+        if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != self._identity:
+            raise self._replaced()
+
+    def _replaced(self) -> TclipError:
+        return TclipError(f"the temporary file {self.temp.name} was replaced while tclip wrote it (by a link or "
+                          "another file); nothing was written through it", self.target.parent)
+
+    def _release(self) -> None:
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
             os.close(fd)
 
     def commit(self, marker: Path | None = None) -> None:
@@ -719,14 +749,11 @@ class AtomicOutput:
         rename keeps): after a crash between the rename and whatever the caller records
         next, the marker tells the new file from the old (see tclip.tensorset)."""
         try:
-            fd = os.open(self.temp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-                os.fchmod(fd, self.mode)  # libraries that recreate the file (h5py) may have changed it
-                if marker is not None:
-                    write_marker(marker, os.fstat(fd))
-            finally:
-                os.close(fd)
+            self.check()
+            os.fsync(self._fd)
+            os.fchmod(self._fd, self.mode)  # libraries that recreate the file (h5py) may have changed it
+            if marker is not None:
+                write_marker(marker, os.fstat(self._fd))
             if self.overwrite:
                 os.replace(self.temp, self.target)
             elif not _rename_noreplace(self.temp, self.target):
@@ -734,6 +761,7 @@ class AtomicOutput:
                 raise OutputExistsError("output already exists (it appeared while writing); "
                                         "pass --force to replace it", self.target)
             self._done = True
+            self._release()
             LIVE_TEMPS.discard(str(self.temp))
             dir_fd = os.open(self.target.parent, os.O_RDONLY)
             try:
@@ -743,8 +771,12 @@ class AtomicOutput:
         except OSError as error:
             self.abort()
             raise TclipError(f"cannot write output: {error.strerror or error}", self.target) from error
+        except TclipError:
+            self.abort()
+            raise
 
     def abort(self) -> None:
+        self._release()
         if not self._done:
             try:
                 self.temp.unlink()
@@ -758,7 +790,10 @@ class AtomicOutput:
 def write_marker(marker: Path, st: os.stat_result) -> None:
     """``{"device", "inode", "size"}`` of a file, written to ``marker`` and fsynced."""
     data = json.dumps({"device": st.st_dev, "inode": st.st_ino, "size": st.st_size}).encode()
-    fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o600)
+    # A fresh file, never one found there: a symlink (or a hard link to another file)
+    # planted at the marker's name is removed, not written through.
+    Path(marker).unlink(missing_ok=True)
+    fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o600)
     try:
         os.write(fd, data)
         os.fsync(fd)

@@ -13,7 +13,7 @@ The child costs one interpreter start with h5py (about 0.15 s, measured on the
 development machine), once per HDF5 file and run. ``TCLIP_HDF5_PROBE=0`` skips
 it for files you trust.
 
-    python -m tclip.formats.h5probe FILE    # exit 0 when the walk completes
+    python -I -c 'import sys; from tclip.formats.h5probe import main; sys.exit(main())' FILE  # 0: walk done
 """
 
 from __future__ import annotations
@@ -42,13 +42,9 @@ def check_in_child(path: Path) -> None:
     key = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
     if key in _CHECKED:
         return
-    command = [sys.executable, "-m", "tclip.formats.h5probe", os.fspath(path)]
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
-    source = Path(__file__).resolve().parents[2]
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(source), env.get("PYTHONPATH")]))
     try:
-        result = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, timeout=PROBE_SECONDS, env=env)
+        result = subprocess.run(child_command(os.fspath(path)), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=PROBE_SECONDS)
     except subprocess.TimeoutExpired:
         raise FormatError(f"reading the file's structure took more than {PROBE_SECONDS} s in a check "
                           "run before opening it; refused as malformed", path) from None
@@ -66,6 +62,27 @@ def check_in_child(path: Path) -> None:
                           f"{PROBE_MEMORY_BYTES >> 30} GiB in a check run before opening it; "
                           "refused as malformed", path)
     _CHECKED.add(key)
+
+
+def child_command(path: str) -> list[str]:
+    """The probe's command line: an isolated interpreter (``-I``: no current folder, no
+    PYTHONPATH, no user site on ``sys.path``; ``-B``: no bytecode written), told exactly
+    where tclip and the libraries it imports live.
+
+    ``python -m`` would put the current folder first on ``sys.path``: an ``h5py.py`` or
+    ``numpy.py`` there would run in the child (and could make the check pass). The
+    folders named here are the ones this process imported them from; each is absolute.
+    """
+    source = str(Path(__file__).resolve().parents[2])  # the folder holding the tclip package
+    modules = [sys.modules.get(name) for name in ("numpy", "h5py", "ml_dtypes", "hdf5plugin")]
+    libraries = [str(Path(module.__file__).resolve().parents[1]) for module in modules
+                 if module is not None and getattr(module, "__file__", None)]
+    # tclip's folder first (as PYTHONPATH would put it); the libraries' after the
+    # interpreter's own, where an isolated child finds them anyway (a venv's site-packages).
+    code = (f"import sys; sys.path.insert(0, {source!r}); "
+            f"sys.path += [p for p in {libraries!r} if p not in sys.path]; "
+            "from tclip.formats.h5probe import main; sys.exit(main())")
+    return [sys.executable, "-I", "-B", "-c", code, path]
 
 
 def _walk(path: str) -> None:

@@ -230,9 +230,12 @@ class Hdf5Reader(TensorReader):
         self.contiguous_raw: dict[str, tuple[int, int]] = {}  # name -> (offset, nbytes) of raw data
         self.raw_chunks: dict[str, RawChunks] = {}  # unfiltered chunked datasets
         self.group_attributes: dict[str, dict[str, Any]] = {}  # groups (not the root) that have attributes
+        self._spans: list[tuple[int, int, str]] = []  # (start, end, what) of every region of the file named
         try:
             self.metadata = attributes(self.file)
+            self._note_header(self.file, "the root group")
             self._walk(self.file, set())
+            self._check_overlaps()
         except (FormatError, UnsupportedError):
             self.close()
             raise
@@ -253,6 +256,7 @@ class Hdf5Reader(TensorReader):
             if obj.id in seen:  # h5py object ids compare equal for hard links to one object
                 continue
             seen.add(obj.id)
+            self._note_header(obj, f"{obj.name.lstrip('/')!r}")
             if isinstance(obj, h5py.Group):
                 if len(obj.attrs):
                     self.group_attributes[obj.name.lstrip("/")] = attributes(obj)
@@ -263,6 +267,7 @@ class Hdf5Reader(TensorReader):
     def _add_dataset(self, dataset: h5py.Dataset) -> None:
         name = dataset.name.lstrip("/")
         other = classify(dataset)
+        self._note_data(dataset, f"{'dataset' if other is not None else 'tensor'} {name!r}")
         if other is not None:
             kind, reason, numeric = other
             try:
@@ -296,6 +301,61 @@ class Hdf5Reader(TensorReader):
                 # Every chunk stored as it is (no filter): each chunk is a raw region of the
                 # file, read and written with pread/pwrite from any thread, no h5py in between.
                 self.raw_chunks[name] = RawChunks(tuple(dataset.chunks), tuple(info.shape), info.dtype.itemsize)
+
+    def _note_header(self, obj: h5py.HLObject, label: str) -> None:
+        try:
+            address = h5py.h5o.get_info(obj.id).addr
+        except _H5_ERRORS:
+            return
+        # The fixed start of an object header (16 bytes in version 1; a version 2
+        # header with its one message and checksum is longer): no data may lie there.
+        self._spans.append((address, address + 16, f"the object header of {label}"))
+
+    def _note_data(self, dataset: h5py.Dataset, label: str) -> None:
+        """The regions of the file that hold a dataset's data: its contiguous block, or each stored chunk."""
+        try:
+            if dataset.is_virtual or dataset.external:
+                return  # in other files, never read nor written
+            layout = dataset.id.get_create_plist().get_layout()
+            if layout == h5py.h5d.CONTIGUOUS:
+                offset, size = dataset.id.get_offset(), dataset.id.get_storage_size()
+                if offset is not None and size:
+                    self._spans.append((offset, offset + size, label))
+            elif layout == h5py.h5d.CHUNKED and hasattr(dataset.id, "chunk_iter"):
+                dataset.id.chunk_iter(lambda chunk: self._spans.append(
+                    (chunk.byte_offset, chunk.byte_offset + chunk.size, label)) if chunk.size else None)
+        except _H5_ERRORS:
+            return  # reading it reports the problem
+
+    def _check_overlaps(self) -> None:
+        """Refuse a file whose datasets share bytes with each other or with the file's own
+        metadata: rewriting one would change the other (even one left out with --exclude),
+        and a report would count the same bytes twice."""
+        base = self.file.userblock_size
+        head = os.pread(self._raw_file(), 16, base)
+        if len(head) == 16 and head[:8] == b"\x89HDF\r\n\x1a\n":
+            if head[8] in (0, 1):
+                offsets = head[13]
+                length = (24 if head[8] == 0 else 28) + 6 * offsets + 24
+            else:
+                offsets = head[9]
+                length = 16 + 4 * offsets
+            self._spans.append((base, base + length, "the file's superblock"))
+        spans = sorted(self._spans)
+        reach: tuple[int, int, str] | None = None
+        for span in spans:
+            if reach is not None and span[0] < reach[1]:
+                both = f"{reach[2]} and {span[2]}" if span[2] != reach[2] else f"two chunks of {span[2]}"
+                raise FormatError(f"{both} share bytes of the file (at offset {span[0]}); refused as malformed",
+                                  self.path)
+            if reach is None or span[1] > reach[1]:
+                reach = span
+
+    def _raw_file(self) -> int:
+        with self._lock:
+            if self._raw_fd < 0:
+                self._raw_fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        return self._raw_fd
 
     def other_values(self, name: str, limit: int) -> np.ndarray | None:
         """A string, compound, enum or scale dataset's values (h5py decodes them as data)."""
@@ -583,6 +643,7 @@ class Hdf5Writer(TensorWriter):
             if self._like is not None:
                 self._start_from_copy(self._like)
             else:
+                output.check()  # h5py opens it by name
                 self.file = h5py.File(output.temp, "w")
                 for key, value in (metadata or {}).items():
                     self.file.attrs[key] = value
@@ -610,13 +671,14 @@ class Hdf5Writer(TensorWriter):
         source_fd = os.open(like.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         try:
             size = os.fstat(source_fd).st_size
-            self._fd = os.open(self.output.temp, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+            self._fd = self.output.open()
             os.ftruncate(self._fd, size)
             copy_except(source_fd, self._fd, size, list(holes.values()) + chunk_holes, like.path)
         finally:
             os.close(source_fd)
         self._raw = {name: offset for name, (offset, _) in holes.items()}
         if any(name not in self._raw and name not in self._chunked for name in self.rewritten):
+            self.output.check()  # h5py opens it by name
             self.file = h5py.File(self.output.temp, "r+")
 
     def parallel_safe(self, name: str) -> bool:

@@ -74,6 +74,7 @@ class NpzReader(TensorReader):
         self._lock = threading.Lock()
         try:
             self._file_size = os.fstat(self._fd).st_size
+            self._check_extents()
             for member in self._zip.infolist():
                 self._add_member(member)
         except BaseException:
@@ -129,6 +130,28 @@ class NpzReader(TensorReader):
         self._data_start[name] = header_length
         if member.compress_type == zipfile.ZIP_STORED:
             self.absolute[name] = self._stored_data_offset(member) + header_length
+
+    def _check_extents(self) -> None:
+        """Each member's bytes (local header, name, extra field, data) are its own: members
+        sharing bytes with each other or with the central directory are refused, as
+        rewriting one would change another and a report would count bytes twice."""
+        spans = []
+        for member in self._zip.infolist():
+            raw = os.pread(self._fd, _LOCAL_HEADER.size, member.header_offset)
+            if len(raw) != _LOCAL_HEADER.size or raw[:4] != b"PK\x03\x04":
+                continue  # opening the member reports it
+            fields = _LOCAL_HEADER.unpack(raw)
+            end = member.header_offset + _LOCAL_HEADER.size + fields[-2] + fields[-1] + member.compress_size
+            name = member.filename[: -len(".npy")] if member.filename.endswith(".npy") else member.filename
+            spans.append((member.header_offset, end, f"tensor {name!r}"))
+        spans.append((self._zip.start_dir, self._file_size, "the archive's central directory"))
+        reach: tuple[int, int, str] | None = None
+        for span in sorted(spans):
+            if reach is not None and span[0] < reach[1]:
+                raise FormatError(f"{reach[2]} and {span[2]} share bytes of the archive (at offset {span[0]}); "
+                                  "refused as malformed", self.path)
+            if reach is None or span[1] > reach[1]:
+                reach = span
 
     def _stored_data_offset(self, member: zipfile.ZipInfo) -> int:
         """Where a stored member's bytes begin in the archive (after its local header)."""
@@ -270,7 +293,12 @@ class NpzWriter(TensorWriter):
             if self._template_header(info) is None:
                 header_bytes(info.dtype, info.shape, info.fortran_order)
                 _check_member_name(info.name, target)
-        self._zip = zipfile.ZipFile(output.temp, "w", allowZip64=True)
+        self._file = os.fdopen(output.open(), "wb")
+        try:
+            self._zip = zipfile.ZipFile(self._file, "w", allowZip64=True)
+        except BaseException:
+            self._file.close()
+            raise
 
     def _template_header(self, info: TensorInfo) -> bytes | None:
         if self._like is not None and self._like.tensors.get(info.name) == info:
@@ -375,6 +403,7 @@ class NpzWriter(TensorWriter):
         while self._position < len(self._order_names):
             self._close_member()
         self._zip.close()
+        self._file.close()  # a ZipFile given an open file leaves closing it to its owner
 
     def _close_quietly(self) -> None:
         try:
@@ -395,6 +424,10 @@ class NpzWriter(TensorWriter):
             except Exception:
                 pass
         self._zip.fp = None  # type: ignore[assignment]
+        try:
+            self._file.close()
+        except Exception:
+            pass
 
 
 # --------------------------------------------------------------------------- patching stored members
@@ -512,7 +545,7 @@ class NpzPatchWriter(PositionalWriter):
         for t in tensors:
             if t.name in like.absolute:
                 self.offsets[t.name] = like.absolute[t.name]
-        self._fd = os.open(output.temp, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+        self._fd = output.open()
         os.ftruncate(self._fd, like._file_size)
         holes = [(like.absolute[name], self.tensors[name].nbytes) for name in self.rewritten]
         copy_except(like._fd, self._fd, like._file_size, holes, like.path)
