@@ -18,7 +18,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from tclip.stats import TensorStats
+from tclip.core.stats import TensorStats
 
 CHUNK = 1 << 22
 

@@ -191,7 +191,7 @@ def stages(path: Path, out: Path) -> str:
 import time, json
 t0 = time.perf_counter()
 from tclip.pipeline import file_statistics, make_plan, rewrite_file
-from tclip.plan import GlobalNormClip
+from tclip.core.modes import GlobalNormClip
 from pathlib import Path
 t1 = time.perf_counter()
 stats = file_statistics({str(path)!r})

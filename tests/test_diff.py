@@ -15,7 +15,7 @@ from helpers import PickleTrap
 
 from tclip.cli import cli
 from tclip.diff import diff_files, parse_mapping
-from tclip.units import UNIT_ELEMENTS
+from tclip.core.units import UNIT_ELEMENTS
 
 RNG = np.random.default_rng(21)
 TENSORS = {

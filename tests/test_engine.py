@@ -13,11 +13,11 @@ from hypothesis import strategies as st
 
 import tclip
 from tclip.engine import Budget
-from tclip.kernels import Scratch, clip_unit, reduce_unit, scale_unit
+from tclip.core.kernels import Scratch, clip_unit, reduce_unit, scale_unit
 from tclip.pipeline import ClipOptions, clip_file, file_statistics, report_file
-from tclip.plan import AverageNormClip, GlobalNormClip, NormClip, ValueClip, apply_scale, clip_values
-from tclip.stats import ExactSum, TensorStats
-from tclip.units import UNIT_ELEMENTS, UnitGrid
+from tclip.core.modes import AverageNormClip, GlobalNormClip, NormClip, ValueClip, apply_scale, clip_values
+from tclip.core.stats import ExactSum, TensorStats
+from tclip.core.units import UNIT_ELEMENTS, UnitGrid
 
 FLOATS = [np.float16, ml_dtypes.bfloat16, np.float32, np.float64, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2]
 
@@ -213,7 +213,7 @@ def test_per_slice_statistics_beyond_the_budget_are_refused(tmp_path):
 
 
 def test_float16_conversions_match_numpy_on_every_value_and_midpoint():
-    from tclip.kernels import narrow_into, widen
+    from tclip.core.kernels import narrow_into, widen
 
     every = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
     wide = widen(every)
@@ -238,7 +238,7 @@ def test_float16_conversions_match_numpy_on_every_value_and_midpoint():
 
 
 def test_bfloat16_conversions_match_ml_dtypes_on_every_value_and_midpoint():
-    from tclip.kernels import narrow_into, widen
+    from tclip.core.kernels import narrow_into, widen
 
     every = np.arange(1 << 16, dtype=np.uint16).view(ml_dtypes.bfloat16)
     wide = widen(every)

@@ -23,7 +23,7 @@ from tclip.cli import cli
 from tclip.errors import FormatError, TclipError
 from tclip.formats import base, h5probe, open_reader
 from tclip.pipeline import ClipOptions, clip_file
-from tclip.plan import GlobalNormClip, NormClip
+from tclip.core.modes import GlobalNormClip, NormClip
 from tclip.tensorset import TensorSet, clip_set
 
 RNG = np.random.default_rng(21)

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from tclip.errors import NonFiniteError, TclipError
 from tclip.formats import h5probe, open_reader
 from tclip.pipeline import ClipOptions, Selection, clip_file, report_file
-from tclip.plan import NormClip
+from tclip.core.modes import NormClip
 
 RNG = np.random.default_rng(44)
 

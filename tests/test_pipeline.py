@@ -14,7 +14,7 @@ from rich.console import Console
 import tclip
 from tclip import pipeline
 from tclip.pipeline import ClipOptions, Selection, clip_file, report_file
-from tclip.plan import AverageNormClip, GlobalNormClip, NormClip, ValueClip
+from tclip.core.modes import AverageNormClip, GlobalNormClip, NormClip, ValueClip
 from tclip.render import render_file, shorten_middle
 
 RNG = np.random.default_rng(11)

@@ -22,7 +22,7 @@ from rich.console import Console
 
 from tclip.cli import cli
 from tclip.pipeline import ClipOptions, clip_file, report_file
-from tclip.plan import NormClip
+from tclip.core.modes import NormClip
 from tclip.render import fmt_column, natural_key, render_file, shorten_names
 
 LLAMA = [f"model.layers.{i}.self_attn.{p}_proj.weight" for i in (2, 10, 17) for p in "qkv"]

@@ -16,7 +16,7 @@ from tclip.cli import cli
 from tclip.errors import OutputExistsError, TclipError
 from tclip.formats import create_writer, open_reader
 from tclip.pipeline import ClipOptions, clip_file
-from tclip.plan import NormClip
+from tclip.core.modes import NormClip
 
 
 def run(*args):

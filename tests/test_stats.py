@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import tclip
-from tclip.plan import (
+from tclip.core.modes import (
     AverageNormClip,
     GlobalNormClip,
     NormClip,
@@ -20,7 +20,7 @@ from tclip.plan import (
     plan_scales,
     scale_for_piece,
 )
-from tclip.stats import TensorStats, normalize_axes
+from tclip.core.stats import TensorStats, normalize_axes
 
 
 @st.composite

@@ -20,7 +20,7 @@ from tclip import tensorset
 from tclip.cli import cli
 from tclip.errors import TclipError
 from tclip.pipeline import ClipOptions, clip_file
-from tclip.plan import GlobalNormClip
+from tclip.core.modes import GlobalNormClip
 from tclip.tensorset import TensorSet, clip_set, load_index
 
 RNG = np.random.default_rng(33)

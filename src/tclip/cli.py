@@ -211,7 +211,7 @@ def value_command(ctx: click.Context, minimum: float, maximum: float, **kwargs: 
     _check_outputs(kwargs["output"], kwargs["out_dir"], kwargs["in_place"], kwargs["files"])
 
     def mode() -> Any:
-        from .plan import ValueClip
+        from .core.modes import ValueClip
 
         return ValueClip(minimum, maximum)
 
@@ -242,7 +242,7 @@ def norm_command(ctx: click.Context, clip_norm: float, axes: tuple[int, ...] | N
     _check_outputs(kwargs["output"], kwargs["out_dir"], kwargs["in_place"], kwargs["files"])
 
     def mode() -> Any:
-        from .plan import NormClip
+        from .core.modes import NormClip
 
         return NormClip(clip_norm, axes)
 
@@ -266,7 +266,7 @@ def average_command(ctx: click.Context, clip_norm: float, **kwargs: Any) -> None
     _check_outputs(kwargs["output"], kwargs["out_dir"], kwargs["in_place"], kwargs["files"])
 
     def mode() -> Any:
-        from .plan import AverageNormClip
+        from .core.modes import AverageNormClip
 
         return AverageNormClip(clip_norm)
 
@@ -296,7 +296,7 @@ def global_command(ctx: click.Context, clip_norm: float, use_norm: float | None,
     _check_outputs(kwargs["output"], kwargs["out_dir"], kwargs["in_place"], kwargs["files"])
 
     def mode() -> Any:
-        from .plan import GlobalNormClip
+        from .core.modes import GlobalNormClip
 
         return GlobalNormClip(clip_norm, use_norm)
 

@@ -30,15 +30,15 @@ from typing import Any
 
 import numpy as np
 
-from .dtypes import dtype_name, is_bool, is_complex, is_integral
+from .core.dtypes import dtype_name, is_bool, is_complex, is_integral
 from .engine import BlockRunner, Budget, Job, tensor_jobs
 from .errors import TclipError
 from .formats import TensorInfo, TensorReader
-from .kernels import dot
+from .core.kernels import dot
 from .pipeline import Selection
 from .report import SCHEMA_VERSION, json_safe
-from .stats import ExactSum
-from .units import UnitGrid
+from .core.stats import ExactSum
+from .core.units import UnitGrid
 
 
 def parse_mapping(items: tuple[str, ...] | list[str]) -> list[tuple[re.Pattern[str], str]]:

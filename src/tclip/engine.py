@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 
 from . import interrupt
-from .kernels import Scratch
-from .units import UNIT_ELEMENTS, UnitGrid
+from .core.kernels import Scratch
+from .core.units import UNIT_ELEMENTS, UnitGrid
 
 MiB = 1 << 20
 DEFAULT_MEMORY = 256 * MiB

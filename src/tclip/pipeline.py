@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from .dtypes import dtype_name, is_complex, is_floating
+from .core.dtypes import dtype_name, is_complex, is_floating
 from .engine import BlockRunner, Budget, Job, tensor_jobs
 from .errors import NonFiniteError, OutputExistsError, TclipError, UnsupportedError
 from .formats import (
@@ -45,8 +45,8 @@ from .formats import (
     format_for_suffix,
     open_reader,
 )
-from .kernels import clip_unit, scale_unit
-from .plan import (
+from .core.kernels import clip_unit, scale_unit
+from .core.modes import (
     AverageNormClip,
     GlobalNormClip,
     Mode,
@@ -65,8 +65,8 @@ from .report import (
     TensorReport,
     slice_summary,
 )
-from .stats import TensorStats, kept_index, normalize_axes
-from .units import UnitGrid
+from .core.stats import TensorStats, kept_index, normalize_axes
+from .core.units import UnitGrid
 
 Progress = Callable[[int], None]
 
@@ -447,7 +447,7 @@ def make_plan(mode: Mode, files: list[FileStats]) -> Plan:
 
 
 def _value_bounds_of(dtype: str, mode: ValueClip) -> tuple[float, float]:
-    from .dtypes import ML_FLOAT_TYPES
+    from .core.dtypes import ML_FLOAT_TYPES
 
     numpy_dtype = next((np.dtype(t) for t in ML_FLOAT_TYPES if np.dtype(t).name == dtype), None)
     if numpy_dtype is None:

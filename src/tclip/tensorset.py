@@ -307,7 +307,7 @@ def clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_addres
     """Clip one tensor set: pass 1 on every file, one plan, pass 2 on every file, the index last."""
     import numpy as np
 
-    from .plan import GlobalNormClip, NormClip, ValueClip, value_bounds
+    from .core.modes import GlobalNormClip, NormClip, ValueClip, value_bounds
 
     started = time.perf_counter()
     if isinstance(mode, ValueClip):

@@ -40,7 +40,7 @@ try:  # registers the HDF5 compression filters h5py lacks (blosc, blosc2, bzip2,
 except ImportError:  # the optional extra tclip[hdf5-filters]
     pass
 
-from ..dtypes import ML_FLOAT_TYPES
+from ..core.dtypes import ML_FLOAT_TYPES
 from ..errors import FormatError, UnsupportedError
 from .base import (
     AtomicOutput,

@@ -23,7 +23,7 @@ from typing import Any, BinaryIO
 import numpy as np
 from numpy.lib import format as npy_format
 
-from ..dtypes import ML_FLOAT_TYPES
+from ..core.dtypes import ML_FLOAT_TYPES
 from ..errors import FormatError, UnsupportedError
 from .base import (
     AtomicOutput,

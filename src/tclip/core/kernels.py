@@ -1,4 +1,4 @@
-"""The arithmetic applied to one unit of a tensor (see :mod:`tclip.units`).
+"""The arithmetic applied to one unit of a tensor (see :mod:`tclip.core.units`).
 
 Every statistic and every rewritten element goes through these few functions,
 in the NumPy core and in the file pipeline alike, so the two cannot disagree:
@@ -9,7 +9,7 @@ in the NumPy core and in the file pipeline alike, so the two cannot disagree:
   smallest and largest value, NaN/Inf counts and optional moments;
 - :func:`scale_unit` and :func:`clip_unit` rewrite it in place: the float64
   product (or clamp) rounded once to the unit's dtype, exactly as
-  :func:`tclip.plan.apply_scale` and :func:`tclip.plan.clip_values` compute it.
+  :func:`tclip.core.modes.apply_scale` and :func:`tclip.core.modes.clip_values` compute it.
 
 Reductions never go through BLAS: a threaded BLAS dot splits a vector by its
 own thread count, so the same data would sum differently on another machine
@@ -319,7 +319,7 @@ def scale_unit(x: np.ndarray, factor: np.ndarray | float, scratch: Scratch | Non
 
 
 # A 16- or 8-bit float scaled by one factor has at most 65,536 results: a table of
-# them, computed by the reference arithmetic (tclip.plan.apply_scale), maps every
+# them, computed by the reference arithmetic (tclip.core.modes.apply_scale), maps every
 # element in one lookup. Same bits by construction; 3.5 times faster than the
 # arithmetic for float16 and 1.7 times for bfloat16 (measured, per element).
 _TABLES: dict[tuple[str, float], np.ndarray] = {}
@@ -331,7 +331,7 @@ def _scale_by_table(x: np.ndarray, factor: float, scratch: Scratch | None) -> No
     key = (x.dtype.str if x.dtype.kind == "f" else x.dtype.name, factor)
     table = _TABLES.get(key)
     if table is None:
-        from .plan import apply_scale
+        from .modes import apply_scale
 
         every = np.arange(1 << (8 * x.dtype.itemsize), dtype=bits_type).view(x.dtype)
         table = apply_scale(every, factor).view(bits_type)

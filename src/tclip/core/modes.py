@@ -1,6 +1,6 @@
 """Turn statistics and a clip mode into scale factors, and apply them to pieces.
 
-Between pass 1 (statistics, :mod:`tclip.stats`) and pass 2 (the rewrite) sits
+Between pass 1 (statistics, :mod:`tclip.core.stats`) and pass 2 (the rewrite) sits
 the plan: for every tensor, the factor by which each slice is multiplied.
 Everything here is plain float64 arithmetic on small arrays; nothing reads or
 writes files.

@@ -8,12 +8,12 @@ a rectangular block of the tensor named by a tuple of slices (``index``); two
 accumulators over disjoint blocks of the same tensor (or two workers' shares)
 merge into the statistics of the union.
 
-Each piece is reduced unit by unit (:mod:`tclip.units`, :mod:`tclip.kernels`)
+Each piece is reduced unit by unit (:mod:`tclip.core.units`, :mod:`tclip.core.kernels`)
 and the whole-tensor sums of the units are added *exactly* (the running sum
 is kept as a list of non-overlapping floats, rounded once when read), so the
 order in which units, blocks, threads or files arrive cannot change a bit of
 the result. Per-slice sums are added in unit order. The whole-array
-functions in :mod:`tclip.ops` use exactly this code, so the file pipeline and
+functions in :mod:`tclip.core.ops` use exactly this code, so the file pipeline and
 the NumPy API cannot disagree.
 """
 

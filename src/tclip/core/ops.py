@@ -2,7 +2,7 @@
 
 Every function takes array-likes, keeps the input's shape and dtype, accumulates
 norms in float64 and rounds each result once back to the input's dtype. They are
-thin uses of :mod:`tclip.stats` (pass 1) and :mod:`tclip.plan` (scale factors),
+thin uses of :mod:`tclip.core.stats` (pass 1) and :mod:`tclip.core.plan` (scale factors),
 the same code the file pipeline runs piece by piece. No I/O happens here.
 
 Where these differ from TensorFlow 2.21 on purpose, the docstring says so.
@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from .dtypes import is_bool, is_complex, is_floating, real_dtype
-from .plan import (
+from .modes import (
     apply_scale,
     average_norm_scale,
     check_clip_norm,

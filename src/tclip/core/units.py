@@ -6,7 +6,7 @@ the file format or the way a tensor set is split into shards, every tensor is
 cut into the same *units*, which depend on its shape alone: runs of at most
 :data:`UNIT_ELEMENTS` consecutive elements in storage order, each a rectangle
 of the tensor (whole trailing rows where they fit, else pieces of one row).
-Each unit is reduced by one fixed kernel (:mod:`tclip.kernels`); unit results
+Each unit is reduced by one fixed kernel (:mod:`tclip.core.kernels`); unit results
 are combined exactly (whole-tensor sums) or in unit order (per-slice sums).
 
 Blocks, the pieces read and written at once, are runs of whole units, so a
