@@ -16,7 +16,8 @@ from tclip.engine import Budget
 from tclip.core.kernels import Scratch, clip_unit, reduce_unit, scale_unit
 from tclip.pipeline import ClipOptions, clip_file, file_statistics, report_file
 from tclip.core.modes import AverageNormClip, GlobalNormClip, NormClip, ValueClip, apply_scale, clip_values
-from tclip.core.stats import ExactSum, TensorStats
+from tclip.core.exact import ExactSum
+from tclip.core.stats import TensorStats
 from tclip.core.units import UNIT_ELEMENTS, UnitGrid
 
 FLOATS = [np.float16, ml_dtypes.bfloat16, np.float32, np.float64, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2]

@@ -37,7 +37,7 @@ from .formats import TensorInfo, TensorReader
 from .core.kernels import dot
 from .pipeline import Selection
 from .report import SCHEMA_VERSION, json_safe
-from .core.stats import ExactSum
+from .core.exact import ExactSum
 from .core.units import UnitGrid
 
 

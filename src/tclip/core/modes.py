@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .dtypes import ML_FLOAT_TYPES, is_bool, is_floating, is_integral
-from .stats import Index, TensorStats, kept_index, normalize_axes
+from .stats import TensorStats, kept_index, normalize_axes
+from .units import Index
 
 # --------------------------------------------------------------------------- arguments
 

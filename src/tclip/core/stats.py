@@ -26,10 +26,46 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .exact import ExactSum
 from .kernels import EXPONENT_BINS, Scratch, UnitMoments, reduce_unit
-from .units import UNIT_ELEMENTS, UnitGrid
+from .units import UNIT_ELEMENTS, Index, UnitGrid
 
-Index = tuple[slice, ...]
+
+@dataclass(frozen=True)
+class AxesFault:
+    """The first axis a tensor cannot take: ``kind`` "type" (not an integer), "range"
+    (no such axis at this rank) or "repeat" (the axis ``earlier`` named already)."""
+
+    kind: str
+    axis: object
+    earlier: object = None
+
+
+def axes_fault(items: Sequence[object], ndim: int) -> AxesFault | None:
+    """Why a tensor of rank ``ndim`` cannot take the axes ``items`` (None: it can).
+
+    The one check behind :func:`normalize_axes` (which raises) and the command
+    line's skip reasons (which leave such a tensor unchanged).
+    """
+    seen: dict[int, object] = {}
+    for item in items:
+        if isinstance(item, (bool, np.bool_)) or not isinstance(item, (int, np.integer)):
+            return AxesFault("type", item)
+        axis = operator.index(item)
+        if not -ndim <= axis < ndim:
+            return AxesFault("range", item)
+        positive = axis % ndim
+        if positive in seen:
+            return AxesFault("repeat", item, seen[positive])
+        seen[positive] = item
+    return None
+
+
+def axes_items(axes: object) -> list[object]:
+    """``axes`` (an int or a sequence of ints) as a list of its items."""
+    if isinstance(axes, np.ndarray):
+        axes = axes.tolist()
+    return [axes] if not isinstance(axes, Sequence) or isinstance(axes, str) else list(axes)
 
 
 def normalize_axes(axes: object, ndim: int, *, argname: str = "axes") -> tuple[int, ...] | None:
@@ -44,26 +80,17 @@ def normalize_axes(axes: object, ndim: int, *, argname: str = "axes") -> tuple[i
     """
     if axes is None:
         return None
-    if isinstance(axes, np.ndarray):
-        axes = axes.tolist()
-    items = [axes] if not isinstance(axes, Sequence) or isinstance(axes, str) else list(axes)
-    seen: dict[int, object] = {}
-    for item in items:
-        if isinstance(item, (bool, np.bool_)) or not isinstance(item, (int, np.integer)):
-            raise TypeError(f"{argname}: expected integers, got {item!r}")
-        axis = operator.index(item)
-        if not -ndim <= axis < ndim:
-            raise ValueError(
-                f"{argname}: axis {axis} is out of range for a tensor of rank {ndim}"
-            )
-        positive = axis % ndim
-        if positive in seen:
-            raise ValueError(
-                f"{argname}: axis {axis} is repeated (as {seen[positive]!r} and {item!r}) "
-                f"for a tensor of rank {ndim}"
-            )
-        seen[positive] = item
-    return tuple(sorted(seen))
+    items = axes_items(axes)
+    fault = axes_fault(items, ndim)
+    if fault is not None:
+        if fault.kind == "type":
+            raise TypeError(f"{argname}: expected integers, got {fault.axis!r}")
+        axis = operator.index(fault.axis)  # type: ignore[arg-type]
+        if fault.kind == "range":
+            raise ValueError(f"{argname}: axis {axis} is out of range for a tensor of rank {ndim}")
+        raise ValueError(f"{argname}: axis {axis} is repeated (as {fault.earlier!r} and {fault.axis!r}) "
+                         f"for a tensor of rank {ndim}")
+    return tuple(sorted({operator.index(item) % ndim for item in items}))  # type: ignore[arg-type]
 
 
 def reduced_shape(shape: Sequence[int], axes: tuple[int, ...] | None) -> tuple[int, ...]:
@@ -78,58 +105,6 @@ def kept_index(index: Index | None, ndim: int, axes: tuple[int, ...] | None) -> 
     if index is None or axes is None:
         return (slice(None),) * ndim
     return tuple(slice(None) if i in axes else s for i, s in enumerate(index))
-
-
-class ExactSum:
-    """A float sum kept exactly (Shewchuk's non-overlapping partials), rounded once when read.
-
-    Adding the same numbers in any order, or merging two exact sums, gives
-    the same bits. Infinities and NaN are kept aside, as in ``math.fsum``.
-    """
-
-    __slots__ = ("partials", "special")
-
-    def __init__(self) -> None:
-        self.partials: list[float] = []
-        self.special = 0.0
-
-    def add(self, x: float) -> None:
-        if not math.isfinite(x):
-            self.special += x
-            return
-        partials, i = self.partials, 0
-        for y in partials:
-            if abs(x) < abs(y):
-                x, y = y, x
-            high = x + y
-            low = y - (high - x)
-            if low:
-                partials[i] = low
-                i += 1
-            x = high
-        partials[i:] = [x]
-
-    def merge(self, other: "ExactSum") -> None:
-        for value in other.partials:
-            self.add(value)
-        self.special += other.special
-
-    def copy(self) -> "ExactSum":
-        twin = ExactSum()
-        twin.partials, twin.special = list(self.partials), self.special
-        return twin
-
-    @property
-    def value(self) -> float:
-        if self.special != 0.0 or math.isnan(self.special):
-            return self.special
-        return math.fsum(self.partials)
-
-    def __getstate__(self) -> tuple[list[float], float]:
-        return self.partials, self.special
-
-    def __setstate__(self, state: tuple[list[float], float]) -> None:
-        self.partials, self.special = state
 
 
 @dataclass

@@ -127,15 +127,3 @@ class UnitGrid:
     def span(self, first: int, stop: int) -> tuple[int, int]:
         """Flat (start, stop) of the units ``[first, stop)``."""
         return self.bounds(first)[0], self.bounds(stop - 1)[1]
-
-
-def storage_shape(shape: tuple[int, ...], fortran: bool) -> tuple[int, ...]:
-    """The shape in the order the elements are stored (reversed for Fortran order)."""
-    return tuple(shape[::-1]) if fortran else tuple(shape)
-
-
-def storage_axes(axes: tuple[int, ...] | None, ndim: int, fortran: bool) -> tuple[int, ...] | None:
-    """Reduction axes of the logical tensor, as axes of its storage-order view."""
-    if axes is None or not fortran:
-        return axes
-    return tuple(sorted(ndim - 1 - a for a in axes))
