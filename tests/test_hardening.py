@@ -21,7 +21,8 @@ from formats_helpers import safetensors_bytes
 from tclip import tensorset
 from tclip.cli import cli
 from tclip.errors import FormatError, TclipError
-from tclip.formats import base, h5probe, open_reader
+from tclip.formats import _h5probe as h5probe
+from tclip.formats import atomic, open_reader
 from tclip.pipeline import ClipOptions, clip_file
 from tclip.core.modes import GlobalNormClip, NormClip
 from tclip.tensorset import TensorSet, clip_set
@@ -183,8 +184,8 @@ def test_a_link_planted_at_the_journal_is_never_written_through(tmp_path, victim
 
 def test_a_link_planted_at_the_temporary_name_is_never_followed(tmp_path, monkeypatch, victim):
     source = grads(tmp_path / "g.npz")
-    monkeypatch.setattr(base.secrets, "token_hex", lambda n: "0badc0de")
-    temp = tmp_path / f".g.clipped.npz.{base._HOST}.{os.getpid()}.0badc0de.tclip-tmp"
+    monkeypatch.setattr(atomic.secrets, "token_hex", lambda n: "0badc0de")
+    temp = tmp_path / f".g.clipped.npz.{atomic._HOST}.{os.getpid()}.0badc0de.tclip-tmp"
     temp.symlink_to(victim)
     with pytest.raises(TclipError, match="cannot write to this folder"):
         clip_file(source, NormClip(1.0))
@@ -215,14 +216,14 @@ def test_a_temporary_file_replaced_while_writing_is_never_written_through(tmp_pa
     folder = tmp_path / "in"
     folder.mkdir()
     inputs = _inputs(folder)
-    real = base.AtomicOutput.__init__
+    real = atomic.AtomicOutput.__init__
 
     def replaced_after_creation(self, *args, **kwargs):
         real(self, *args, **kwargs)
         os.unlink(self.temp)  # someone who can write to the folder swaps the name
         plant(self.temp, victim, how)
 
-    monkeypatch.setattr(base.AtomicOutput, "__init__", replaced_after_creation)
+    monkeypatch.setattr(atomic.AtomicOutput, "__init__", replaced_after_creation)
     with pytest.raises(TclipError, match="was replaced while tclip wrote it"):
         if case == "index":
             index = sharded(tmp_path / "ckpt")

@@ -22,7 +22,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tclip.errors import NonFiniteError, TclipError
-from tclip.formats import h5probe, open_reader
+from tclip.formats import _h5probe as h5probe
+from tclip.formats import open_reader
 from tclip.pipeline import ClipOptions, Selection, clip_file, report_file
 from tclip.core.modes import NormClip
 

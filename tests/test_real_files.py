@@ -20,7 +20,7 @@ from formats_helpers import read_all, safetensors_bytes
 
 from tclip.cli import cli
 from tclip.formats import open_reader
-from tclip.formats.base import AtomicOutput
+from tclip.formats.atomic import AtomicOutput
 
 RNG = np.random.default_rng(55)
 NUMPY_DATA = Path(np.__file__).parent / "lib" / "tests" / "data"
@@ -308,7 +308,7 @@ def test_the_last_words_on_a_signal_mention_outputs_only_when_there_were_some(tm
         "from pathlib import Path\n"
         "from tclip import runner\n"
         "from tclip.interrupt import Terminated\n"
-        "from tclip.formats.base import AtomicOutput\n"
+        "from tclip.formats.atomic import AtomicOutput\n"
         "def stopped(**kwargs):\n"
         f"    if {writes}:\n"
         f"        AtomicOutput(Path({str(tmp_path / 'out.npy')!r}))  # an output in the making\n"

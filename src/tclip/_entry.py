@@ -36,7 +36,7 @@ def _unraisable(hook: object) -> object:
 
 def _remove_live_temps() -> int:
     """Remove this process's unfinished outputs; how many there were."""
-    base = sys.modules.get("tclip.formats.base")
+    base = sys.modules.get("tclip.formats.atomic")
     removed = 0
     for path in list(getattr(base, "LIVE_TEMPS", ())):
         try:
@@ -78,7 +78,7 @@ def main() -> None:
         _say("Error: interrupted")
         code = EXIT_INTERRUPTED
     except Terminated as stop:
-        base = sys.modules.get("tclip.formats.base")
+        base = sys.modules.get("tclip.formats.atomic")
         abandoned = _remove_live_temps() + (getattr(base, "ABANDONED_TEMPS", [0])[0] if base else 0)
         removed = "; unfinished outputs were removed" if abandoned else ""
         if stop.signum == signal.SIGINT:

@@ -35,16 +35,8 @@ import numpy as np
 from .core.dtypes import dtype_name, is_complex, is_floating
 from .engine import BlockRunner, Budget, Job, tensor_jobs
 from .errors import NonFiniteError, OutputExistsError, TclipError, UnsupportedError
-from .formats import (
-    DEFAULT_BLOCK_BYTES,
-    KERAS_WEIGHTS_SUFFIX,
-    TensorInfo,
-    TensorReader,
-    TensorWriter,
-    create_writer,
-    format_for_suffix,
-    open_reader,
-)
+from .formats import TensorInfo, TensorReader, TensorWriter, create_writer, open_reader
+from .formats.registry import holds_metadata, kept_endings, output_format
 from .core.kernels import clip_unit, scale_unit
 from .core.modes import (
     AverageNormClip,
@@ -153,9 +145,10 @@ def default_output(path: Path, out_dir: Path | None = None) -> Path:
     path = Path(path)
     if out_dir is not None:
         return Path(out_dir) / path.name
-    cut = len(KERAS_WEIGHTS_SUFFIX)
-    if path.name.lower().endswith(KERAS_WEIGHTS_SUFFIX) and len(path.name) > cut:
-        return path.with_name(f"{path.name[:-cut]}.clipped{path.name[-cut:]}")
+    for ending in kept_endings():
+        cut = len(ending)
+        if path.name.lower().endswith(ending) and len(path.name) > cut:
+            return path.with_name(f"{path.name[:-cut]}.clipped{path.name[-cut:]}")
     return path.with_name(f"{path.stem}.clipped{path.suffix}")
 
 
@@ -498,18 +491,13 @@ def rewrite_file(source: Path | str | TensorReader, work: dict[str, TensorWork],
 
 def carried_loss(reader: TensorReader, target: Path) -> list[str]:
     """What writing ``reader`` to ``target`` (another format) cannot carry, for people."""
-    kind = format_for_suffix(target) or reader.format_name
+    kind = output_format(target, reader) or reader.format_name
     if kind == reader.format_name:
         return []
     lost = [f"{o.name} ({o.kind})" for o in reader.others]
     lost += [f"{t.name} ({t.dtype} is not numeric)" for t in reader.tensors.values() if not t.numeric]
-    if reader.format_name == "hdf5":
-        with_attrs = [t.name for t in reader.tensors.values() if t.attrs]
-        with_attrs += list(getattr(reader, "group_attributes", {}))
-        if with_attrs:
-            lost.append(f"the attributes of {len(with_attrs)} dataset(s) or group(s) ({', '.join(with_attrs[:3])}"
-                        f"{' ...' if len(with_attrs) > 3 else ''})")
-    if reader.metadata and kind in ("npy", "npz"):
+    lost += reader.lost_in_conversion()
+    if reader.metadata and not holds_metadata(kind):
         lost.append(f"the file's metadata ({len(reader.metadata)} entries)")
     return lost
 
@@ -531,7 +519,7 @@ def _rewrite(reader: TensorReader, work: dict[str, TensorWork], target: Path | N
         if lost:
             listing = ", ".join(lost[:8]) + (f" and {len(lost) - 8} more" if len(lost) > 8 else "")
             if not drop_nonnumeric:
-                raise UnsupportedError(f"{format_for_suffix(target) or 'the output format'} cannot hold {listing}; "
+                raise UnsupportedError(f"{output_format(target, reader) or 'the output format'} cannot hold {listing}; "
                                        "nothing was written (--drop-nonnumeric drops them with a warning)",
                                        reader.path)
             result.warnings.append(f"dropped what the output format cannot hold: {listing}")
@@ -1009,19 +997,6 @@ def file_info(path: Path | str) -> InfoReport:
         return InfoReport(str(path), reader.format_name, path.stat().st_size, tensors, dict(reader.metadata), others)
 
 
-def tensor_statistics(reader: TensorReader, name: str, axes: object = None, *,
-                      block_bytes: int = DEFAULT_BLOCK_BYTES, progress: Progress | None = None,
-                      track_l1: bool = False) -> TensorStats:
-    """Pass 1 for one tensor of an open reader (single-threaded)."""
-    stats = file_statistics(reader, selection=Selection(include=(_glob_escape(name),)), axes=axes,
-                            track_l1=track_l1, budget=Budget(threads=1, block_bytes=block_bytes))
-    return stats.stats[name]
-
-
-def _glob_escape(name: str) -> str:
-    return "".join(f"[{c}]" if c in "*?[" else c for c in name)
-
-
 __all__ = [
     "ClipOptions",
     "Selection",
@@ -1035,7 +1010,6 @@ __all__ = [
     "clip_file",
     "report_file",
     "file_info",
-    "tensor_statistics",
     "default_output",
     "NormClip",
     "AverageNormClip",

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from .errors import TclipError
-from .formats import KERAS_WEIGHTS_SUFFIX, SUFFIXES
 from .text import natural_key, safe
 
 EXIT_FAILED = 1
@@ -44,8 +43,11 @@ def gate_tolerance(dtype: str) -> float:
 
 
 def is_tensor_file(path: Path) -> bool:
-    own_output = path.stem.endswith(".clipped") or path.name.lower().endswith(".clipped" + KERAS_WEIGHTS_SUFFIX)
-    return path.suffix.lower() in SUFFIXES and not own_output
+    from .formats.registry import kept_endings, suffixes
+
+    own_output = path.stem.endswith(".clipped") or any(path.name.lower().endswith(".clipped" + ending)
+                                                       for ending in kept_endings())
+    return path.suffix.lower() in suffixes() and not own_output
 
 
 def expand_files(items: tuple[str, ...], recursive: bool) -> Iterator[tuple[str, Path | None]]:

@@ -42,7 +42,7 @@ from typing import Any
 from .engine import Budget
 from .errors import FormatError, OutputExistsError, TclipError, UnsupportedError
 from .formats import TensorReader
-from .formats.base import marker_names
+from .formats.atomic import marker_names
 from .pipeline import (
     ClipOptions,
     FileStats,
@@ -501,7 +501,7 @@ def _mark_index(tensor_set: TensorSet, journal: Path) -> None:
 
 
 def _atomic_json(target: Path, data: Any, mode_from: Path | None = None, overwrite: bool = True) -> None:
-    from .formats.base import AtomicOutput
+    from .formats.atomic import AtomicOutput
 
     output = AtomicOutput(target, overwrite=overwrite, mode_from=mode_from)
     try:

@@ -15,7 +15,7 @@ thread); chunked ones through h5py, one thread at a time.
 Untrusted files (see README, Security): external links are not followed, and
 datasets whose data lives in other files (external storage, virtual
 datasets) are never read nor written. The structure is first walked in a
-child process (:mod:`tclip.formats.h5probe`), so that a file malformed enough
+child process (:mod:`tclip.formats._h5probe`), so that a file malformed enough
 to crash the HDF5 library ends one child, not tclip. A dataset that claims
 far more data than the file stores (a decompression bomb, or a huge dataset of
 fill values) is refused before anything is read.
@@ -30,33 +30,62 @@ import posixpath
 import threading
 from collections.abc import Collection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
-import h5py
 import numpy as np
 
-try:  # registers the HDF5 compression filters h5py lacks (blosc, blosc2, bzip2, lz4, zstd...)
-    import hdf5plugin  # noqa: F401
-except ImportError:  # the optional extra tclip[hdf5-filters]
-    pass
-
 from ..core.dtypes import ML_FLOAT_TYPES
+from ..core.units import Index
 from ..errors import FormatError, UnsupportedError
-from .base import (
-    AtomicOutput,
-    Index,
-    OtherObject,
-    TensorInfo,
-    TensorReader,
-    TensorWriter,
-    copy_except,
-    copy_range,
-    flat_rectangles,
-    flat_result,
-    layout_blocks,
-    pread_into,
-    pwrite_all,
-)
+from ._blocks import contiguous_span, flat_rectangles, normalize_index
+from ._h5probe import check_in_child
+from ._io import copy_except, copy_range, flat_result, pread_into, pwrite_all
+from .atomic import AtomicOutput
+from .base import OtherObject, TensorInfo, TensorReader, TensorWriter
+
+if TYPE_CHECKING:
+    import h5py
+
+NAME = "hdf5"
+SUFFIXES = (".h5", ".hdf5")
+HOLDS_METADATA = True
+# Keras 3 loads weights only from names ending so: tclip's outputs keep the ending whole.
+KEPT_ENDINGS = (".weights.h5",)
+SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+def sniff(head: bytes, size: int) -> bool:
+    return head.startswith(SIGNATURE)
+
+
+def sniff_file(handle: BinaryIO, size: int) -> bool:
+    """The signature behind a user block of 512, 1024, 2048... bytes (HDF5 allows one)."""
+    offset = 512
+    while offset + 8 <= size:
+        handle.seek(offset)
+        if handle.read(8) == SIGNATURE:
+            return True
+        offset *= 2
+    return False
+
+
+_H5PY: Any = None
+
+
+def import_h5py() -> Any:
+    """h5py, imported on first use with hdf5plugin's filters (blosc, blosc2, bzip2, lz4,
+    zstd...) registered where installed: the format registry imports this module, and a
+    run that never meets an HDF5 file never pays for h5py."""
+    global _H5PY
+    if _H5PY is None:
+        import h5py
+
+        try:
+            import hdf5plugin  # noqa: F401
+        except ImportError:  # the optional extra tclip[hdf5-filters]
+            pass
+        _H5PY = h5py
+    return _H5PY
 
 _H5_ERRORS = (OSError, ValueError, RuntimeError, KeyError, TypeError, AttributeError, IndexError, OverflowError,
               SystemError)
@@ -93,6 +122,7 @@ def foreign_storage(dataset: h5py.Dataset) -> str | None:
 
 def classify(dataset: h5py.Dataset) -> tuple[str, str, bool] | None:
     """(kind, reason, numeric) for a dataset that is not a tensor tclip reads; None for a tensor."""
+    h5py = import_h5py()
     try:
         dtype = dataset.dtype
     except _H5_ERRORS:
@@ -126,6 +156,7 @@ def plain_value(value: Any, file: h5py.File | None = None) -> Any:
     """An attribute value as plain data for reports and JSON: str, int, float, bool,
     None, lists and dicts. Byte strings are decoded (UTF-8, else Latin-1),
     references become the path they point to, empty attributes None."""
+    h5py = import_h5py()
     if isinstance(value, h5py.Empty):
         return None
     if isinstance(value, (bytes, np.bytes_)):
@@ -170,6 +201,7 @@ def _nested(flat: list[Any], shape: tuple[int, ...]) -> Any:
 
 
 def _deref(reference: Any, file: h5py.File | None) -> str:
+    h5py = import_h5py()
     if not reference or file is None:
         return "nothing"
     try:
@@ -191,6 +223,7 @@ def attributes(obj: h5py.HLObject) -> dict[str, Any]:
 
 
 def _attribute(obj: h5py.HLObject, key: str) -> Any:
+    h5py = import_h5py()
     try:
         attr = h5py.h5a.open(obj.id, key.encode("utf-8"))
         shape, dtype = attr.shape, attr.dtype
@@ -203,6 +236,7 @@ def _attribute(obj: h5py.HLObject, key: str) -> Any:
 
 def _standard_type(dataset: h5py.Dataset) -> bool:
     """The stored type is the IEEE/two's complement layout of the dataset's NumPy dtype."""
+    h5py = import_h5py()
     try:
         return bool(dataset.id.get_type().equal(h5py.h5t.py_create(dataset.dtype)))
     except _H5_ERRORS:
@@ -213,10 +247,9 @@ class Hdf5Reader(TensorReader):
     format_name = "hdf5"
 
     def __init__(self, path: Path, probe: bool = True) -> None:
+        h5py = import_h5py()
         super().__init__(path)
         if probe:
-            from .h5probe import check_in_child
-
             check_in_child(self.path)
         try:
             self.file = h5py.File(path, "r")
@@ -249,6 +282,7 @@ class Hdf5Reader(TensorReader):
     def _walk(self, group: h5py.Group, seen: set[Any]) -> None:
         """Datasets in the file's own order (creation order where it is tracked),
         each object once; soft and external links are not followed."""
+        h5py = import_h5py()
         for key in group:
             if not isinstance(group.get(key, getlink=True), h5py.HardLink):
                 continue
@@ -265,6 +299,7 @@ class Hdf5Reader(TensorReader):
                 self._add_dataset(obj)
 
     def _add_dataset(self, dataset: h5py.Dataset) -> None:
+        h5py = import_h5py()
         name = dataset.name.lstrip("/")
         other = classify(dataset)
         self._note_data(dataset, f"{'dataset' if other is not None else 'tensor'} {name!r}")
@@ -303,6 +338,7 @@ class Hdf5Reader(TensorReader):
                 self.raw_chunks[name] = RawChunks(tuple(dataset.chunks), tuple(info.shape), info.dtype.itemsize)
 
     def _note_header(self, obj: h5py.HLObject, label: str) -> None:
+        h5py = import_h5py()
         try:
             address = h5py.h5o.get_info(obj.id).addr
         except _H5_ERRORS:
@@ -313,6 +349,7 @@ class Hdf5Reader(TensorReader):
 
     def _note_data(self, dataset: h5py.Dataset, label: str) -> None:
         """The regions of the file that hold a dataset's data: its contiguous block, or each stored chunk."""
+        h5py = import_h5py()
         try:
             if dataset.is_virtual or dataset.external:
                 return  # in other files, never read nor written
@@ -357,8 +394,17 @@ class Hdf5Reader(TensorReader):
                 self._raw_fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         return self._raw_fd
 
+    def lost_in_conversion(self) -> list[str]:
+        """The attributes of datasets and groups: only HDF5 holds them (the root's are the file's metadata)."""
+        with_attrs = [t.name for t in self.tensors.values() if t.attrs] + list(self.group_attributes)
+        if not with_attrs:
+            return []
+        return [f"the attributes of {len(with_attrs)} dataset(s) or group(s) ({', '.join(with_attrs[:3])}"
+                f"{' ...' if len(with_attrs) > 3 else ''})"]
+
     def other_values(self, name: str, limit: int) -> np.ndarray | None:
         """A string, compound, enum or scale dataset's values (h5py decodes them as data)."""
+        h5py = import_h5py()
         with self._lock:
             try:
                 dataset = self.file[name]
@@ -477,7 +523,7 @@ class Hdf5Reader(TensorReader):
     def blocks(self, name: str, max_bytes: int = 8 << 20) -> Any:
         dataset = self.file[name]
         if dataset.chunks is None or dataset.size == 0:
-            return layout_blocks(self.tensors[name], max_bytes)
+            return self.tensors[name].blocks(max_bytes)
         return self._chunk_blocks(dataset)
 
     @staticmethod
@@ -583,6 +629,7 @@ def _filter_message(error: BaseException) -> str:
 
 def missing_filters(dataset: h5py.Dataset) -> list[str]:
     """Names of the filters of a dataset that HDF5 cannot apply here."""
+    h5py = import_h5py()
     missing = []
     plist = dataset.id.get_create_plist()
     for i in range(plist.get_nfilters()):
@@ -618,9 +665,10 @@ class Hdf5Writer(TensorWriter):
 
     format_name = "hdf5"
 
-    def __init__(self, target: Path, tensors: list[TensorInfo], output: AtomicOutput,
-                 like: TensorReader | None = None, metadata: dict[str, Any] | None = None,
-                 rewritten: Collection[str] | None = None, **_: Any) -> None:
+    def __init__(self, target: Path, tensors: list[TensorInfo], output: AtomicOutput, *,
+                 like: TensorReader | None, metadata: dict[str, Any] | None,
+                 rewritten: Collection[str] | None) -> None:
+        h5py = import_h5py()
         super().__init__(target, tensors, output)
         self._like = like if isinstance(like, Hdf5Reader) else None
         for info in tensors:
@@ -655,6 +703,7 @@ class Hdf5Writer(TensorWriter):
             raise
 
     def _start_from_copy(self, like: Hdf5Reader) -> None:
+        h5py = import_h5py()
         for name in self.rewritten:
             dataset = like.file[name]
             if dataset.chunks is not None:
@@ -707,7 +756,7 @@ class Hdf5Writer(TensorWriter):
     def blocks(self, name: str, max_bytes: int = 8 << 20) -> Any:
         if self._like is not None and name in self._like.tensors:
             return self._like.blocks(name, max_bytes)
-        return layout_blocks(self.tensors[name], max_bytes)
+        return self.tensors[name].blocks(max_bytes)
 
     def write_flat(self, name: str, start: int, data: np.ndarray) -> None:
         if name in self._chunked:
@@ -726,8 +775,6 @@ class Hdf5Writer(TensorWriter):
 
     def write(self, name: str, index: Index, data: np.ndarray) -> None:
         if name in self._chunked:
-            from .base import normalize_index
-
             info = self.tensors[name]
             index = normalize_index(index, info.shape)
             block = np.asarray(data, dtype=info.dtype).reshape(tuple(s.stop - s.start for s in index))
@@ -738,8 +785,6 @@ class Hdf5Writer(TensorWriter):
                 self.write_flat(name, first, run)
             return
         if name in self._raw:
-            from .base import contiguous_span, normalize_index
-
             info = self.tensors[name]
             index = normalize_index(index, info.shape)
             span = contiguous_span(index, info.shape, False) if info.shape else (0, 1)
@@ -797,3 +842,7 @@ class Hdf5Writer(TensorWriter):
                 os.close(fd)
             except OSError:
                 pass
+
+
+Reader = Hdf5Reader
+Writer = Hdf5Writer

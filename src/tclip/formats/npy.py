@@ -17,6 +17,7 @@ import os
 import re
 import struct
 import warnings
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -24,17 +25,26 @@ import numpy as np
 from numpy.lib import format as npy_format
 
 from ..core.dtypes import ML_FLOAT_TYPES
+from ..core.units import Index
 from ..errors import FormatError, UnsupportedError
+from .atomic import AtomicOutput
 from .base import (
-    AtomicOutput,
-    Index,
     PositionalWriter,
     TensorInfo,
     TensorReader,
     checked_size,
+    read_region,
 )
 
+NAME = "npy"
+SUFFIXES = (".npy",)
+HOLDS_METADATA = False
+
 MAGIC = b"\x93NUMPY"
+
+
+def sniff(head: bytes, size: int) -> bool:
+    return head.startswith(MAGIC)
 # numpy's own default limit on header size; larger headers are refused, not parsed.
 MAX_HEADER_SIZE = 10000
 _PY2_LONG = re.compile(r"(?<=[0-9])L\b")
@@ -152,9 +162,6 @@ class NpyReader(TensorReader):
     def close(self) -> None:
         self._file.close()
 
-    def fileno(self) -> int:
-        return self._file.fileno()
-
     def region(self, name: str) -> tuple[int, int] | None:
         return self._file.fileno(), self.data_offset
 
@@ -162,32 +169,13 @@ class NpyReader(TensorReader):
         return read_region(self, name, index)
 
 
-def read_region(reader: TensorReader, name: str, index: Index | None) -> np.ndarray:
-    """A rectangular block of a tensor stored as one raw region, through a read-only map
-    when it is not one contiguous run (the resident memory stays the block's)."""
-    from .base import contiguous_span, normalize_index
-
-    info = reader.tensors[name]
-    index = normalize_index(index, info.shape)
-    shape = tuple(s.stop - s.start for s in index)
-    span = contiguous_span(index, info.shape, info.fortran_order) if shape else (0, 1)
-    if span is not None:
-        flat = reader.read_flat(name, span[0], span[0] + span[1])
-        return flat.reshape(shape, order="F" if info.fortran_order else "C")
-    fd, offset = reader.region(name)  # type: ignore[misc]
-    mapped = np.memmap(reader.path, dtype=info.dtype, mode="r", offset=offset, shape=info.shape,
-                       order="F" if info.fortran_order else "C")
-    try:
-        return np.array(mapped[index], order="F" if info.fortran_order else "C")
-    finally:
-        del mapped
-
-
 class NpyWriter(PositionalWriter):
     format_name = "npy"
 
-    def __init__(self, target: Path, tensors: list[TensorInfo], output: AtomicOutput,
-                 like: TensorReader | None = None, **_: Any) -> None:
+    def __init__(self, target: Path, tensors: list[TensorInfo], output: AtomicOutput, *,
+                 like: TensorReader | None, metadata: dict[str, str] | None,
+                 rewritten: Collection[str] | None) -> None:
+        # metadata: .npy holds none (a conversion reports it lost); rewritten: every write is positional
         if len(tensors) != 1:
             names = ", ".join(t.name for t in tensors[:5])
             raise UnsupportedError(f".npy holds exactly one tensor, this would need {len(tensors)} ({names}); "
@@ -203,3 +191,7 @@ class NpyWriter(PositionalWriter):
             header = header_bytes(self.info.dtype, self.info.shape, self.info.fortran_order)
         self.offsets[self.info.name] = len(header)
         self._open(header, len(header) + self.info.nbytes)
+
+
+Reader = NpyReader
+Writer = NpyWriter

@@ -22,25 +22,32 @@ import zipfile
 import zlib
 from collections.abc import Collection, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import numpy as np
 
+from ..core.units import Index
 from ..errors import FormatError, UnsupportedError
+from ._blocks import contiguous_span, normalize_index
+from ._io import copy_except, write_all
+from .atomic import AtomicOutput
 from .base import (
-    AtomicOutput,
-    Index,
     PositionalWriter,
     TensorInfo,
     TensorReader,
     TensorWriter,
     checked_size,
-    contiguous_span,
-    copy_except,
-    normalize_index,
-    write_all,
+    read_region,
 )
-from .npy import header_bytes, is_numeric, parse_header, read_region
+from .npy import header_bytes, is_numeric, parse_header
+
+NAME = "npz"
+SUFFIXES = (".npz",)
+HOLDS_METADATA = False
+
+def sniff(head: bytes, size: int) -> bool:
+    return head.startswith((b"PK\x03\x04", b"PK\x05\x06"))  # a zip archive (an empty one too)
+
 
 _LOCAL_HEADER = struct.Struct("<4s5H3L2H")  # the fixed 30 bytes of a zip local file header
 # What zipfile and zlib raise on a damaged archive; all mean "this file is malformed".
@@ -278,8 +285,8 @@ def _check_member_name(name: str, target: Path) -> None:
 class NpzWriter(TensorWriter):
     format_name = "npz"
 
-    def __init__(self, target: Path, tensors: list[TensorInfo], output: AtomicOutput,
-                 like: TensorReader | None = None, **_: Any) -> None:
+    def __init__(self, target: Path, tensors: list[TensorInfo], output: AtomicOutput, *,
+                 like: TensorReader | None) -> None:
         super().__init__(target, tensors, output)
         self._like = like if isinstance(like, NpzReader) else None
         self._order_names = [t.name for t in tensors]
@@ -588,11 +595,15 @@ class NpzPatchWriter(PositionalWriter):
         super()._finish()
 
 
-def npz_writer_for(target: Path, tensors: list[TensorInfo], output: AtomicOutput, like: TensorReader | None,
-                   rewritten: Collection[str] | None = None, **kwargs: Any) -> TensorWriter:
-    """The patching writer where it applies, else the streaming one."""
+def Writer(target: Path, tensors: list[TensorInfo], output: AtomicOutput, *,  # noqa: N802 (the format's writer)
+           like: TensorReader | None, metadata: dict[str, str] | None,
+           rewritten: Collection[str] | None) -> TensorWriter:
+    """The patching writer where it applies, else the streaming one (.npz holds no metadata:
+    a conversion reports it lost)."""
     if like is not None and NpzPatchWriter.usable(like, tensors, rewritten):
         assert isinstance(like, NpzReader) and rewritten is not None
         return NpzPatchWriter(target, tensors, output, like, rewritten)
     return NpzWriter(target, tensors, output, like=like)
 
+
+Reader = NpzReader

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import struct
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -20,16 +20,22 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from ..core.units import Index
 from ..errors import FormatError, UnsupportedError
-from .base import (
-    AtomicOutput,
-    Index,
-    PositionalWriter,
-    TensorInfo,
-    TensorReader,
-    checked_size,
-)
-from .npy import read_region
+from .atomic import AtomicOutput
+from .base import PositionalWriter, TensorInfo, TensorReader, checked_size, read_region
+
+NAME = "safetensors"
+SUFFIXES = (".safetensors",)
+HOLDS_METADATA = True
+
+def sniff(head: bytes, size: int) -> bool:
+    """An 8-byte little-endian header length that fits the file, then a JSON object."""
+    if len(head) < 9:
+        return False
+    (header_length,) = struct.unpack("<Q", head[:8])
+    return 8 + header_length <= size and head[8:9] == b"{"
+
 
 MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit
 METADATA_KEY = "__metadata__"
@@ -194,12 +200,6 @@ class SafetensorsReader(TensorReader):
     def read(self, name: str, index: Index | None = None, scratch: bytearray | None = None) -> np.ndarray:
         return read_region(self, name, index)
 
-    def fileno(self) -> int:
-        return self._file.fileno()
-
-    def raw_range(self, name: str) -> tuple[int, int]:
-        """(file offset, byte count) of a tensor's data."""
-        return self.offsets[name], self.tensors[name].nbytes
 
 
 _NO_ATTRS: Mapping[str, Any] = MappingProxyType({})
@@ -223,8 +223,10 @@ def _has_lone_surrogate(header: dict[str, Any]) -> bool:
 class SafetensorsWriter(PositionalWriter):
     format_name = "safetensors"
 
-    def __init__(self, target: Path, tensors: list[TensorInfo], output: AtomicOutput,
-                 like: TensorReader | None = None, metadata: dict[str, str] | None = None, **_: Any) -> None:
+    def __init__(self, target: Path, tensors: list[TensorInfo], output: AtomicOutput, *,
+                 like: TensorReader | None, metadata: dict[str, str] | None,
+                 rewritten: Collection[str] | None) -> None:
+        # rewritten: every write is positional, whatever is rewritten
         if isinstance(like, SafetensorsReader) and len(like.tensors) == len(tensors) and metadata is None \
                 and all(like.tensors.get(t.name) == t for t in tensors):
             # A byte-identical rewrite of the source's header (every dtype it holds, even ones
@@ -264,3 +266,7 @@ class SafetensorsWriter(PositionalWriter):
         text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
         text += b" " * (-len(text) % 8)  # pad so the data starts 8-byte aligned, as the library does
         return struct.pack("<Q", len(text)) + text
+
+
+Reader = SafetensorsReader
+Writer = SafetensorsWriter

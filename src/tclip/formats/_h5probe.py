@@ -13,7 +13,10 @@ The child costs one interpreter start with h5py (about 0.15 s, measured on the
 development machine), once per HDF5 file and run. ``TCLIP_HDF5_PROBE=0`` skips
 it for files you trust.
 
-    python -I -c 'import sys; from tclip.formats.h5probe import main; sys.exit(main())' FILE  # 0: walk done
+    python -I -c 'import sys; from tclip.formats._h5walk import main; sys.exit(main())' FILE  # 0: walk done
+
+The child's body is :mod:`tclip.formats._h5walk` (it imports the HDF5 reader; this module,
+which the reader imports, does not).
 """
 
 from __future__ import annotations
@@ -81,49 +84,5 @@ def child_command(path: str) -> list[str]:
     # interpreter's own, where an isolated child finds them anyway (a venv's site-packages).
     code = (f"import sys; sys.path.insert(0, {source!r}); "
             f"sys.path += [p for p in {libraries!r} if p not in sys.path]; "
-            "from tclip.formats.h5probe import main; sys.exit(main())")
+            "from tclip.formats._h5walk import main; sys.exit(main())")
     return [sys.executable, "-I", "-B", "-c", code, path]
-
-
-def _walk(path: str) -> None:
-    import h5py
-
-    from .hdf5 import Hdf5Reader
-
-    reader = Hdf5Reader(Path(path), probe=False)  # the same walk tclip does: links, attributes, types
-    try:
-        for name, info in reader.tensors.items():
-            if info.refused:
-                continue
-            dataset = reader.file[name]
-            if dataset.chunks is not None:
-                dataset.id.get_num_chunks()  # walks the whole chunk index
-            if info.size:
-                dataset[(0,) * len(info.shape)] if info.shape else dataset[()]
-        for other in reader.others:
-            obj = reader.file.get(other.name)
-            if isinstance(obj, h5py.Dataset) and obj.chunks is not None:
-                obj.id.get_num_chunks()
-    finally:
-        reader.close()
-
-
-def main() -> int:
-    try:
-        import resource
-
-        resource.setrlimit(resource.RLIMIT_AS, (PROBE_MEMORY_BYTES, PROBE_MEMORY_BYTES))
-        resource.setrlimit(resource.RLIMIT_CPU, (PROBE_SECONDS, PROBE_SECONDS + 5))
-    except (ImportError, ValueError, OSError):
-        pass
-    try:
-        _walk(sys.argv[1])
-    except MemoryError:
-        return 3
-    except Exception:  # an ordinary error: tclip's own open reports it
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
