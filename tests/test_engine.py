@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tclip
-from tclip.engine import Budget
+from tclip.work.budget import Budget
 from tclip.core.kernels import Scratch, clip_unit, reduce_unit, scale_unit
 from tclip.pipeline import ClipOptions, clip_file, file_statistics, report_file
 from tclip.core.modes import AverageNormClip, GlobalNormClip, NormClip, ValueClip, apply_scale, clip_values

@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 from formats_helpers import safetensors_bytes
 
-from tclip import tensorset
+from tclip.work import sets as tensorset
 from tclip.cli import cli
 from tclip.errors import FormatError, TclipError
 from tclip.formats import _h5probe as h5probe

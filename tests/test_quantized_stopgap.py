@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from formats_helpers import read_all, safetensors_bytes
 
 from tclip.cli import cli
-from tclip.quantized import quantized_members, scale_companions
+from tclip.work.quantized import quantized_members, scale_companions
 
 RNG = np.random.default_rng(16)
 W = "model.layers.17.self_attn.k_proj.weight"

@@ -282,7 +282,7 @@ def test_a_keras_archive_is_named_with_where_its_weights_are(tmp_path):
 
 
 def test_temps_of_dead_runs_on_this_host_are_removed_once_and_nothing_else(tmp_path):
-    from tclip.formats import base
+    from tclip.formats import atomic as base
     finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                               text=True, check=True)
     dead = int(finished.stdout)

@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 from formats_helpers import read_all, safetensors_bytes
 
-from tclip import tensorset
+from tclip.work import sets as tensorset
 from tclip.cli import cli
 from tclip.errors import TclipError
 from tclip.pipeline import ClipOptions, clip_file
@@ -197,8 +197,8 @@ def test_a_kill_between_a_shards_rename_and_its_journal_record_still_resumes(tmp
     clip_set(TensorSet(str(clean), [], clean), GlobalNormClip(1.0), ClipOptions(in_place=True))
     driver = (
         "import os, sys\n"
-        "from tclip import tensorset\n"
-        "tensorset._journal_done = lambda journal, file: os._exit(137)  # killed right after the rename\n"
+        "from tclip.work import sets\n"
+        "sets.journal_done = lambda journal, file: os._exit(137)  # killed right after the rename\n"
         "from tclip.cli import cli\n"
         "cli(['global', '--clip', '1', '--in-place', '--threads', '1', sys.argv[1]])\n"
     )

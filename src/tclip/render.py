@@ -26,7 +26,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from .report import FileReport, InfoReport, TensorReport, slice_label
+from .work.results import FileReport, InfoReport, TensorReport, slice_label
 from .text import fmt_column, fmt_number, natural_key, safe, show_value
 
 NAME_WIDTH = 40

@@ -7,7 +7,7 @@ import math
 from rich.console import Console
 from rich.text import Text
 
-from .diff import DiffReport, TensorDiff
+from .work.diff import DiffReport, TensorDiff
 from .render import (
     Column,
     fmt_column,

@@ -6,9 +6,7 @@ Kept apart from :mod:`tclip.cli` so that parsing options imports nothing heavy.
 
 from __future__ import annotations
 
-import glob
 import json
-import math
 import os
 import sys
 import warnings
@@ -18,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import TclipError
-from .text import natural_key, safe
+from .text import safe
 
 EXIT_FAILED = 1
 EXIT_CHECK_FAILED = 3
@@ -26,75 +24,7 @@ EXIT_CHECK_FAILED = 3
 PROGRESS_MIN_BYTES = 64 << 20
 UNLIMITED = 1 << 20  # the console width for output that is not a terminal: never cut
 
-# Relative tolerance of the --max-norm gate per dtype: 2 ulps (2 * machine epsilon).
-_EPS = {"float64": 2.0 ** -52, "float32": 2.0 ** -23, "float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}
-
-
-def gate_tolerance(dtype: str) -> float:
-    """How far above a limit a norm of ``dtype`` values may be and still pass: 2 ulps, relative."""
-    if dtype.startswith("float8_e5m2"):
-        return 2 * 2.0 ** -2
-    if dtype.startswith("float8") or dtype.startswith("float6") or dtype.startswith("float4"):
-        return 2 * 2.0 ** -3
-    return 2 * _EPS.get(dtype.replace(" (big-endian)", ""), 2.0 ** -23)
-
-
 # --------------------------------------------------------------------------- files
-
-
-def is_tensor_file(path: Path) -> bool:
-    from .formats.registry import kept_endings, suffixes
-
-    own_output = path.stem.endswith(".clipped") or any(path.name.lower().endswith(".clipped" + ending)
-                                                       for ending in kept_endings())
-    return path.suffix.lower() in suffixes() and not own_output
-
-
-def expand_files(items: tuple[str, ...], recursive: bool) -> Iterator[tuple[str, Path | None]]:
-    """(display name, path) per input; path None when the item matched nothing.
-
-    A directory holding a ``*.safetensors.index.json`` stands for that sharded set.
-    """
-    for item in items:
-        path = Path(item)
-        if path.is_dir():
-            indexes = sorted(path.glob("*.index.json"))
-            if indexes:
-                for index in indexes:
-                    yield str(index), index
-                continue
-            found = sorted(path.rglob("*") if recursive else path.iterdir(), key=lambda p: _natural(str(p)))
-            files = [p for p in found if p.is_file() and is_tensor_file(p)]
-            if not files:
-                yield item, None
-            for p in files:
-                yield str(p), p
-        elif path.exists() or not glob.has_magic(item):
-            yield item, path
-        else:
-            matches = sorted(glob.glob(item, recursive=recursive), key=_natural)
-            files = [Path(m) for m in matches if Path(m).is_file() and is_tensor_file(Path(m))]
-            if not files:
-                yield item, None
-            for p in files:
-                yield str(p), p
-
-
-def diff_input(item: str) -> str:
-    """A side of ``diff``: a file, an index, or a directory holding exactly one index."""
-    path = Path(item)
-    if not path.is_dir():
-        return item
-    indexes = sorted(path.glob("*.index.json"))
-    if len(indexes) == 1:
-        return str(indexes[0])
-    if not indexes:
-        raise TclipError("is a directory without a *.index.json; name a file or an index", item)
-    raise TclipError(f"holds {len(indexes)} indexes ({', '.join(p.name for p in indexes)}); name one", item)
-
-
-def _natural(text: str) -> list[Any]:
-    return natural_key(text)
 
 
 # --------------------------------------------------------------------------- output
@@ -186,6 +116,8 @@ class Runner:
         sys.stdout.flush()
 
     def expand(self, items: tuple[str, ...], recursive: bool) -> list[tuple[str, Path | None]]:
+        from .work.inputs import expand_files
+
         return list(expand_files(items, recursive))
 
     @contextmanager
@@ -274,8 +206,11 @@ def run_clip(mode: Any, *, files: tuple[str, ...], recursive: bool, output: Path
              nonfinite: str, fail_fast: bool, as_json: bool, quiet: bool, color: str, threads: int | None,
              memory: int, drop_nonnumeric: bool, across_files: bool, dask_address: str | None,
              strict: bool = False) -> int:
-    from .pipeline import ClipOptions, Selection, clip_file
-    from .tensorset import clip_set, group_sets, is_index, load_index
+    from .formats.sharded import is_index, load_index
+    from .work.clip import clip_file
+    from .work.options import ClipOptions
+    from .work.selection import Selection
+    from .work.sets import clip_set, group_sets
 
     runner = Runner(as_json, quiet, color, fail_fast)
     created: list[Path] = []  # the folders this run makes, removed again if it writes nothing into them
@@ -346,8 +281,8 @@ def _check_run_outputs(inputs: list[tuple[str, Path | None]], options: Any, use_
     """No output of the run is one of its inputs, and no two inputs share an output
     (see :func:`tclip.pipeline.check_outputs`); inputs that cannot be read are left
     to fail on their own turn."""
-    from .pipeline import check_outputs, output_for
-    from .tensorset import group_sets, planned_outputs
+    from .work.inputs import check_outputs, output_for
+    from .work.sets import group_sets, planned_outputs
 
     outputs: dict[Path, Path] = {}
     every: list[Path] = []
@@ -374,61 +309,16 @@ def _check_run_outputs(inputs: list[tuple[str, Path | None]], options: Any, use_
 # --------------------------------------------------------------------------- report
 
 
-def check_report(report: Any, max_norm: float, per_slice: bool) -> list[str]:
-    """Why a report fails the --max-norm gate (empty: it passes)."""
-    from .report import slice_label
-    from .text import fmt_number
-
-    reasons = []
-    bad = [t for t in report.tensors if t.nonfinite]
-    if bad:
-        listing = ", ".join(f"{t.name} ({', '.join(f'{n} {k}' for n, k in ((t.nan, 'NaN'), (t.inf, 'Inf')) if n)})"
-                            for t in bad[:5])
-        reasons.append(f"NaN/Inf in {listing}" + (f" and {len(bad) - 5} more" if len(bad) > 5 else ""))
-    if per_slice:
-        axes = report.params.get("axes")
-        for t in report.tensors:
-            if t.max_slice_norm is None or not t.worst_slices:
-                continue
-            limit = max_norm * (1 + gate_tolerance(t.dtype))
-            over = [s for s in t.worst_slices if s["norm"] > limit or math.isnan(s["norm"])]
-            if over:
-                label = slice_label(t.shape, tuple(a % len(t.shape) for a in axes) if axes else None)
-                first = over[0]
-                where = first["index"][0] if len(first["index"]) == 1 else tuple(first["index"])
-                reasons.append(f"{label if label != 'slice' else 'slice'} norm {fmt_number(first['norm'])} above "
-                               f"{max_norm:g} in {t.name} {label} {where}")
-    elif report.global_norm is not None:
-        dtypes = [t.dtype for t in report.tensors if t.norm is not None and t.skipped is None]
-        tolerance = max((gate_tolerance(d) for d in dtypes), default=gate_tolerance("float32"))
-        if report.global_norm > max_norm * (1 + tolerance) or math.isnan(report.global_norm):
-            biggest = max((t for t in report.tensors if t.norm is not None),  # a NaN norm counts as largest
-                          key=lambda t: (math.isnan(t.norm), t.norm if not math.isnan(t.norm) else 0.0),
-                          default=None)
-            extra = f" (largest: {biggest.name}, {fmt_number(biggest.norm)})" if biggest is not None else ""
-            reasons.append(f"global norm {fmt_number(report.global_norm)} above {max_norm:g}{extra}")
-    return reasons
-
-
-def apply_gate(runner: Runner, report: Any, max_norm: float, per_slice: bool, where: object) -> None:
-    """``report --max-norm``: a pattern that matches nothing is an error; a failed check a warning kept by -q."""
-    report.params["max_norm"] = max_norm
-    unmatched = [w for w in report.warnings if w.startswith("pattern ")]
-    if unmatched:
-        raise TclipError(f"{'; '.join(unmatched)}: nothing to check", where)
-    reasons = check_report(report, max_norm, per_slice)
-    if reasons:
-        runner.checks_failed.append(str(where))
-        report.warnings.append("check failed: " + "; ".join(reasons))
-
-
 def run_report(*, files: tuple[str, ...], recursive: bool, order: str, axes: tuple[int, ...] | None,
                max_norm: float | None, sort: str, top: int | None, stats: bool, summary: bool, across_files: bool,
                include: tuple[str, ...], exclude: tuple[str, ...], as_json: bool, quiet: bool, color: str,
                threads: int | None, memory: int) -> int:
-    from .engine import Budget
-    from .pipeline import Selection, report_file
-    from .tensorset import group_sets, is_index, report_set
+    from .formats.sharded import is_index
+    from .work.budget import Budget
+    from .work.clip import report_file
+    from .work.gate import apply_gate
+    from .work.selection import Selection
+    from .work.sets import group_sets, report_set
 
     runner = Runner(as_json, quiet, color)
     selection = Selection(include, exclude)
@@ -450,7 +340,9 @@ def run_report(*, files: tuple[str, ...], recursive: bool, order: str, axes: tup
                                  progress=None if progress is None else progress(name), memory=memory,
                                  threads=threads or 0)
         if max_norm is not None:
-            apply_gate(runner, report, max_norm, axes is not None, item.name if use_sets else item)
+            where = item.name if use_sets else item
+            if apply_gate(report, max_norm, axes is not None, where):
+                runner.checks_failed.append(str(where))
         return report
 
     with runner.progress(0 if use_sets else _sizes(inputs)) as progress:
@@ -469,7 +361,8 @@ def run_report(*, files: tuple[str, ...], recursive: bool, order: str, axes: tup
             else:
                 runner.done(name, report, show)
     if summary:
-        from .summary import render_across_files, summary_json
+        from .summary import render_across_files
+        from .work.summary import summary_json
 
         if as_json:
             for item in summary_json(reports):
@@ -484,14 +377,15 @@ def run_report(*, files: tuple[str, ...], recursive: bool, order: str, axes: tup
 
 
 def run_info(*, files: tuple[str, ...], recursive: bool, sort: str, as_json: bool, quiet: bool, color: str) -> int:
-    from .pipeline import file_info
+    from .work.clip import file_info
 
     runner = Runner(as_json, quiet, color)
     for name, path in runner.expand(files, recursive):
         if path is None:
             runner.error(name, f"{name}: no tensor files match")
             continue
-        from .tensorset import index_info, is_index
+        from .formats.sharded import is_index
+        from .work.sets import index_info
 
         work = (lambda p=path: index_info(p)) if is_index(path) else (lambda p=path: file_info(p))
         result = runner.attempt(name, work)
@@ -508,8 +402,9 @@ def run_info(*, files: tuple[str, ...], recursive: bool, sort: str, as_json: boo
 def run_diff(*, a: str, b: str, rtol: float, atol: float, mapping: tuple[str, ...], sort: str, top: int | None,
              include: tuple[str, ...], exclude: tuple[str, ...], as_json: bool, quiet: bool, color: str,
              threads: int | None, memory: int) -> int:
-    from .diff import diff_files, parse_mapping
-    from .pipeline import Selection
+    from .work.diff import diff_files, parse_mapping
+    from .work.inputs import diff_input
+    from .work.selection import Selection
     from .render_diff import render_diff
 
     runner = Runner(as_json, quiet, color)

@@ -19,6 +19,7 @@ import stat
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 from ..errors import OutputExistsError, TclipError
 
@@ -269,3 +270,16 @@ def _umask() -> int:
         mask = os.umask(0o022)
         os.umask(mask)
     return mask
+
+
+def write_json(target: Path, data: Any, mode_from: Path | None = None, overwrite: bool = True) -> None:
+    """``data`` as indented JSON at ``target``, atomically (an index, a journal)."""
+    output = AtomicOutput(target, overwrite=overwrite, mode_from=mode_from)
+    try:
+        with os.fdopen(output.open(), "w", encoding="utf-8") as handle:
+            json.dump(data, handle, indent=2, ensure_ascii=False)
+            handle.write("\n")
+        output.commit()
+    except BaseException:
+        output.abort()
+        raise

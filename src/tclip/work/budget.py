@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from . import interrupt
-from .core.kernels import Scratch
-from .core.units import UNIT_ELEMENTS, UnitGrid
+from .. import interrupt
+from ..core.kernels import Scratch
+from ..core.units import UNIT_ELEMENTS, UnitGrid
 
 MiB = 1 << 20
 DEFAULT_MEMORY = 256 * MiB

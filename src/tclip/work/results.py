@@ -1,6 +1,6 @@
 """Report data: what tclip found and did, as plain dataclasses, and its JSON form.
 
-Rendering for people lives in :mod:`tclip.render`; this module knows nothing of
+Rendering for people lives in :mod:`tclip.cli.render`; this module knows nothing of
 terminals. JSON is strictly valid: non-finite floats become "nan", "inf", "-inf".
 """
 
@@ -9,8 +9,6 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
-
-import numpy as np
 
 SCHEMA_VERSION = 1
 # A slice whose L2 norm is at most this is counted as near zero (a dead row).
@@ -103,31 +101,6 @@ def slice_label(shape: list[int], axes: tuple[int, ...] | None) -> str:
     if len(shape) == 2 and axes == (0,):
         return "column"
     return "slice"
-
-
-def slice_summary(entry: TensorReport, stats: Any, scale: np.ndarray | None) -> None:
-    """Smallest slice norm, near-zero slices and the largest (or clipped) slices by index."""
-    norms = np.asarray(stats.slice_norms(), dtype=np.float64)
-    axes = stats.axes
-    kept_shape = [n for i, n in enumerate(stats.shape) if i not in axes]
-    flat = norms.reshape(-1)
-    if not flat.size:
-        return
-    entry.min_slice_norm = float(np.nanmin(flat)) if not np.isnan(flat).all() else math.nan
-    entry.near_zero_slices = int(np.count_nonzero(flat <= NEAR_ZERO_NORM))
-    order_key = np.where(np.isnan(flat), np.inf, flat)
-    count = min(WORST_SLICES, flat.size)
-    top = np.argpartition(-order_key, count - 1)[:count] if flat.size > count else np.arange(flat.size)
-    top = top[np.argsort(-order_key[top], kind="stable")]
-    scales = None if scale is None or np.ndim(scale) == 0 else np.asarray(scale).reshape(-1)
-    worst = []
-    for i in top:
-        index = [int(v) for v in np.unravel_index(int(i), kept_shape)] if kept_shape else []
-        item: dict[str, Any] = {"index": index, "norm": float(flat[i])}
-        if scales is not None:
-            item["clipped"] = bool(scales[i] != 1.0)
-        worst.append(item)
-    entry.worst_slices = worst
 
 
 @dataclass

@@ -1,0 +1,202 @@
+"""Sharded checkpoints: index files (``model.safetensors.index.json``) and one reader over a set.
+
+A set is either the shards an index names (its ``weight_map`` maps every tensor
+to its shard, as ``save_pretrained`` and PyTorch's Hugging Face storage writer
+write it) or a list of files (``--across-files``). An index is data from the file
+system, so it is checked like any file: JSON without duplicate keys, shard names
+inside the index's folder, every listed tensor present in its shard and no tensor
+in two shards."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import FormatError, TclipError
+from .atomic import write_json
+from .base import TensorReader
+from .registry import open_reader
+
+
+INDEX_SUFFIX = ".index.json"
+
+
+MAX_INDEX_BYTES = 256 << 20
+
+
+IN_PROGRESS_KEY = "tclip_in_progress"
+
+
+def is_index(path: Path | None) -> bool:
+    return path is not None and Path(path).name.endswith(INDEX_SUFFIX) and Path(path).is_file()
+
+
+@dataclass
+class TensorSet:
+    """Files that hold one set of tensors; ``allow`` maps each file to the names the index gives it."""
+
+    name: str
+    files: list[Path]
+    index: Path | None = None
+    index_data: dict[str, Any] = field(default_factory=dict)
+    allow: dict[Path, frozenset[str]] | None = None
+    names: list[str] = field(default_factory=list)  # every tensor of the set (filled when resolved)
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return dict(self.index_data.get("metadata") or {})
+
+
+def no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"key {key!r} appears twice")
+        out[key] = value
+    return out
+
+
+def load_index(path: Path) -> TensorSet:
+    """Read and check an index: its shards, in the order they first appear, and each one's tensors."""
+    path = Path(path)
+    try:
+        if path.stat().st_size > MAX_INDEX_BYTES:
+            raise FormatError(f"index larger than {MAX_INDEX_BYTES >> 20} MiB", path)
+        data = json.loads(path.read_bytes().decode("utf-8"), object_pairs_hook=no_duplicate_keys)
+    except (UnicodeDecodeError, ValueError, RecursionError) as error:
+        raise FormatError(f"not a valid index (JSON: {str(error)[:200]})", path) from None
+    except OSError as error:
+        raise TclipError(f"cannot read ({error.strerror or error})", path) from None
+    if not isinstance(data, dict) or not isinstance(data.get("weight_map"), dict):
+        raise FormatError("not a valid index: no \"weight_map\" object mapping tensors to shard files", path)
+    if "metadata" in data and not isinstance(data["metadata"], dict):
+        raise FormatError("not a valid index: \"metadata\" is not an object", path)
+    folder = path.parent
+    files: dict[str, Path] = {}
+    names: dict[Path, set[str]] = {}
+    for tensor, shard in data["weight_map"].items():
+        if not isinstance(shard, str) or not shard:
+            raise FormatError(f"index maps tensor {tensor!r} to {shard!r}, not a file name", path)
+        parts = shard.replace("\\", "/").split("/")
+        if shard.startswith(("/", "\\")) or ".." in parts or ":" in parts[0] or "\0" in shard:
+            raise FormatError(f"index maps tensor {tensor!r} to {shard!r}, outside the index's folder", path)
+        file = files.setdefault(shard, folder / shard)
+        names.setdefault(file, set()).add(tensor)
+    if not files:
+        raise FormatError("index lists no tensors", path)
+    return TensorSet(str(path), list(files.values()), path, data, {f: frozenset(n) for f, n in names.items()})
+
+
+def check_members(tensor_set: TensorSet, headers: dict[Path, list[str]]) -> None:
+    """Every tensor the index gives a shard is there, and no tensor is in two files."""
+    where: dict[str, Path] = {}
+    for file in tensor_set.files:
+        present = set(headers[file])
+        if tensor_set.allow is not None:
+            missing = sorted(tensor_set.allow[file] - present)
+            if missing:
+                raise FormatError(f"the index maps tensor {missing[0]!r} to {file.name}, which does not hold it"
+                                  + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""),
+                                  tensor_set.index)
+        for name in headers[file]:
+            if name in where:
+                raise FormatError(f"tensor {name!r} is in two files: {where[name]} and {file}",
+                                  tensor_set.index or file)
+            where[name] = file
+
+
+def read_headers(files: list[Path]) -> dict[Path, list[str]]:
+    out = {}
+    for file in files:
+        with open_reader(file) as reader:
+            out[file] = list(reader.tensors)
+    return out
+
+
+def resolve(tensor_set: TensorSet) -> TensorSet:
+    if tensor_set.index is not None and not tensor_set.files:
+        loaded = load_index(tensor_set.index)
+        loaded.name = tensor_set.name
+        tensor_set = loaded
+    for file in tensor_set.files:
+        if not file.is_file():
+            raise TclipError(f"shard {file.name} is missing" if tensor_set.index else "no such file", file)
+    headers = read_headers(tensor_set.files)
+    check_members(tensor_set, headers)
+    tensor_set.names = [n for f in tensor_set.files for n in headers[f]
+                        if tensor_set.allow is None or n in tensor_set.allow[f]]
+    return tensor_set
+
+
+def write_index(tensor_set: TensorSet, target: Path, shards: list[Path | None], overwrite: bool) -> None:
+    """The index, last: same weight_map, total_size recomputed from the written shards'
+    headers (all of them: a resumed run rewrites only some)."""
+    data = json.loads(json.dumps(tensor_set.index_data))
+    metadata = dict(data.get("metadata") or {})
+    metadata.pop(IN_PROGRESS_KEY, None)
+    total = 0
+    for shard in shards:
+        assert shard is not None
+        with open_reader(shard) as reader:
+            total += sum(t.nbytes for t in reader.tensors.values())
+    metadata["total_size"] = total
+    data["metadata"] = metadata
+    write_json(target, data, tensor_set.index, overwrite=overwrite)
+
+
+class SetReader(TensorReader):
+    """The tensors of every file of a set as one reader (for ``diff`` of sharded checkpoints).
+
+    Each shard keeps its own reader; reads go to the shard that holds the tensor.
+    """
+
+    format_name = "set"
+
+    def __init__(self, tensor_set: TensorSet) -> None:
+        super().__init__(Path(tensor_set.name))
+        self.readers: list[TensorReader] = []
+        self.owner: dict[str, TensorReader] = {}
+        try:
+            for file in tensor_set.files:
+                reader = open_reader(file)
+                self.readers.append(reader)
+                allowed = tensor_set.allow[file] if tensor_set.allow is not None else None
+                for name, info in reader.tensors.items():
+                    if allowed is None or name in allowed:
+                        self.tensors[name] = info
+                        self.owner[name] = reader
+                self.others += reader.others
+        except BaseException:
+            self.close()
+            raise
+        self.metadata = tensor_set.metadata
+        self.format_name = self.readers[0].format_name if self.readers else "set"
+
+    def close(self) -> None:
+        for reader in self.readers:
+            reader.close()
+        self.readers = []
+
+    def read(self, name: str, index: Any = None, scratch: Any = None) -> Any:
+        return self.owner[name].read(name, index, scratch)
+
+    def read_flat(self, name: str, start: int, stop: int, out: Any = None) -> Any:
+        return self.owner[name].read_flat(name, start, stop, out)
+
+    def region(self, name: str) -> tuple[int, int] | None:
+        return self.owner[name].region(name)
+
+    def parallel_safe(self, name: str) -> bool:
+        return self.owner[name].parallel_safe(name)
+
+    def align(self, name: str) -> int:
+        return self.owner[name].align(name)
+
+
+def open_any(path: Path) -> TensorReader:
+    """A reader for a file, or for the set an index names."""
+    if is_index(path):
+        return SetReader(resolve(TensorSet(str(path), [], path)))
+    return open_reader(path)

@@ -1,0 +1,140 @@
+"""One file, end to end: :func:`clip_file` (pass 1, the plan, pass 2), :func:`report_file`
+(pass 1 alone) and :func:`file_info` (the header alone)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..core.dtypes import dtype_name
+from ..core.modes import Mode, NormClip, ValueClip, value_bounds
+from ..errors import NonFiniteError, OutputExistsError
+from ..formats import open_reader
+from .budget import Budget
+from .inputs import check_outputs, output_for
+from .options import ClipOptions
+from .passes import HeldTensors
+from .plan import make_plan
+from .policy import header_checks, nonfinite_message
+from .reporting import finish_report, mode_params, report_from_stats, start_report
+from .results import FileReport, InfoReport, InfoTensor, OtherReport
+from .rewrite import rewrite_file
+from .selection import Selection, select
+from .statistics import Progress, file_statistics
+
+
+def clip_file(path: Path | str, mode: Mode, options: ClipOptions | None = None,
+              progress: Progress | None = None) -> FileReport:
+    """Clip every selected floating tensor of a file and write the result.
+
+    The composition of the three steps for one file: :func:`file_statistics`,
+    :func:`make_plan`, :func:`rewrite_file`.
+
+    Args:
+        path: the input file (.npy, .npz, .safetensors, .h5/.hdf5).
+        mode: :class:`NormClip`, :class:`AverageNormClip`,
+            :class:`GlobalNormClip` or :class:`ValueClip`.
+        options: output, selection and policies (:class:`ClipOptions`).
+        progress: called with byte counts as work goes on (two passes: twice the file's size).
+
+    Returns:
+        The :class:`FileReport`: norms before and after, scales, skips, output.
+
+    Raises:
+        TclipError: the file is unreadable or malformed, the output exists, NaN/Inf
+            were found under ``nonfinite="error"``, or ``strict`` and a tensor's
+            rank cannot take the axes. Nothing is written then.
+
+    Example:
+        >>> report = clip_file("grads.npz", NormClip(5.0, axes=1))  # doctest: +SKIP
+        >>> report.output, report.global_norm_after  # doctest: +SKIP
+    """
+    options = options or ClipOptions()
+    path = Path(path)
+    started = time.perf_counter()
+    if isinstance(mode, ValueClip):
+        value_bounds(np.dtype(np.float64), mode.clip_value_min, mode.clip_value_max)
+    axes = mode.axes if isinstance(mode, NormClip) else None
+    budget = options.budget
+    with open_reader(path) as reader:
+        entries, _ = select(reader, options.selection, axes)
+        warnings: list[str] = []
+        header_checks(reader, entries, mode, options, path, warnings)
+        target = output_for(path, options)
+        if not options.in_place:
+            check_outputs({path: target}, [path])
+        overwrite = options.overwrite or options.in_place
+        would_write, exists = target, os.path.lexists(target)
+        if options.dry_run:
+            target = None
+        elif not overwrite and exists:
+            raise OutputExistsError("output already exists; pass --force to replace it", target)
+        if options.in_place and not options.dry_run:
+            links = os.stat(path).st_nlink
+            if links > 1:
+                warnings.append(f"the input has {links - 1} other hard link(s); --in-place gives this name a new "
+                                "file and the other names keep the old data")
+        held = HeldTensors(budget.memory // 8, options.hold_bytes)
+        stats = file_statistics(reader, selection=options.selection, axes=axes, budget=budget, progress=progress,
+                                held=held)
+        report = start_report(stats, mode.name, mode_params(mode))
+        report.dry_run = options.dry_run
+        if options.dry_run:
+            report.would_write, report.output_exists = str(would_write), exists
+        report.warnings += warnings
+        if options.nonfinite == "error" and any(report_entry.nonfinite for report_entry in report.tensors
+                                                 if report_entry.skipped is None):
+            raise NonFiniteError(nonfinite_message(report), path)
+        plan = make_plan(mode, [stats])
+        rewrite = rewrite_file(reader, plan.work[stats.path], target, axes=axes,
+                               overwrite=options.overwrite or options.in_place, budget=budget, progress=progress,
+                               held=held, drop_nonnumeric=options.drop_nonnumeric,
+                               measure_after=options.measure_after)
+        finish_report(report, stats, plan, rewrite)
+    report.elapsed_s = time.perf_counter() - started
+    return report
+
+
+def report_file(path: Path | str, *, axes: object = None, ord: str = "2", selection: Selection | None = None,
+                block_bytes: int | None = None, progress: Progress | None = None, moments: bool = False,
+                memory: int = Budget.memory, threads: int = 0) -> FileReport:
+    """Read a file and report the norms and statistics of its tensors; writes nothing.
+
+    Args:
+        path: the file.
+        axes: also compute slice norms along these axes (tensors whose rank
+            cannot take them are reported whole, with the reason).
+        ord: the norm reported: "2" (L2), "1" or "inf" (largest |x|).
+        selection: include/exclude globs.
+        moments: also mean, std, zeros and a log2-magnitude histogram.
+
+    Returns:
+        A :class:`FileReport` with mode "report"; ``global_norm`` is of that order
+        over the floating tensors reported.
+    """
+    path = Path(path)
+    started = time.perf_counter()
+    selection = selection or Selection()
+    params: dict[str, object] = {"ord": ord}
+    if axes is not None:
+        params["axes"] = [axes] if isinstance(axes, int) else list(axes)  # type: ignore[call-overload]
+    stats = file_statistics(path, selection=selection, axes=axes, track_l1=ord == "1", track_moments=moments,
+                            budget=Budget(memory, threads, block_bytes), progress=progress, whole_if_rank_skip=True)
+    report = report_from_stats(stats, ord, params, selection)
+    report.elapsed_s = time.perf_counter() - started
+    return report
+
+
+def file_info(path: Path | str) -> InfoReport:
+    """Names, shapes, dtypes, sizes and metadata from the header alone."""
+    path = Path(path)
+    with open_reader(path) as reader:
+        tensors = [InfoTensor(t.name, list(t.shape), t.dtype_label or dtype_name(t.dtype), t.nbytes, dict(t.attrs),
+                              t.refused)
+                   for t in reader.tensors.values()]
+        others = [OtherReport(o.name, o.kind, o.reason, None if o.shape is None else list(o.shape), o.dtype)
+                  for o in reader.others]
+        return InfoReport(str(path), reader.format_name, path.stat().st_size, tensors, dict(reader.metadata), others)

@@ -1,0 +1,498 @@
+"""Compare two tensor files (or tensor sets) tensor by tensor, block by block, in float64.
+
+Tensors are matched by name (``--map OLD=NEW`` renames A's names first, ``*``
+standing for any text). For each pair of the same shape both files are read in
+step, unit by unit (:mod:`tclip.units`), and the differences are summed exactly,
+so the numbers do not depend on the block size or the thread count:
+
+- ``‖a−b‖₂``, ``‖a−b‖₂ / ‖a‖₂``, ``max |a−b|``, the cosine similarity;
+- the elements *outside* ``|a−b| <= atol + rtol·|b|`` (``numpy.isclose``'s rule;
+  with the default ``rtol = atol = 0``: every element whose value differs);
+- NaN/Inf positions that differ: NaN equals NaN, an infinity equals the same
+  infinity (as ``numpy.testing.assert_array_equal`` and ``h5diff`` with
+  ``--use-system-epsilon`` treat them); the norms are over the positions where
+  both values are finite.
+
+Tensors of different dtypes are compared as values; integers exactly.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Iterator
+from contextlib import closing
+from dataclasses import asdict, dataclass, field
+from itertools import zip_longest
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..core.dtypes import dtype_name, is_bool, is_complex, is_integral
+from ..core.exact import ExactSum
+from ..core.kernels import dot
+from ..core.units import UnitGrid
+from ..errors import TclipError
+from ..formats import TensorInfo, TensorReader
+from ..formats.sharded import open_any
+from .budget import BlockRunner, Budget, Job, tensor_jobs
+from .results import SCHEMA_VERSION, json_safe
+from .selection import Selection
+
+
+def parse_mapping(items: tuple[str, ...] | list[str]) -> list[tuple[re.Pattern[str], str]]:
+    """``OLD=NEW`` rules; ``*`` in OLD matches any text, and each ``*`` in NEW takes what the
+    OLD ``*`` at the same place matched (``model.*=*`` drops a prefix)."""
+    rules = []
+    for item in items:
+        if "=" not in item:
+            raise ValueError(f"{item!r} is not OLD=NEW")
+        old, new = item.split("=", 1)
+        old, new = old.lstrip("/"), new.lstrip("/")
+        if new.count("*") > old.count("*"):
+            raise ValueError(f"{item!r}: NEW has more * than OLD")
+        pattern = re.compile("".join("(.*)" if c == "*" else re.escape(c) for c in old) + r"\Z")
+        rules.append((pattern, new))
+    return rules
+
+
+def apply_mapping(name: str, rules: list[tuple[re.Pattern[str], str]]) -> str:
+    for pattern, new in rules:
+        match = pattern.match(name)
+        if match:
+            groups = iter(match.groups())
+            return "".join(next(groups, "") if c == "*" else c for c in new)
+    return name
+
+
+@dataclass
+class TensorDiff:
+    """One matched pair (or a tensor only one side has)."""
+
+    name: str
+    name_b: str | None = None
+    shape_a: list[int] | None = None
+    shape_b: list[int] | None = None
+    dtype_a: str | None = None
+    dtype_b: str | None = None
+    status: str = "compared"  # compared, only in A, only in B, shape differs, not compared
+    elements: int = 0
+    diff_norm: float | None = None
+    relative: float | None = None
+    max_abs_diff: float | None = None
+    cosine: float | None = None
+    norm_a: float | None = None
+    norm_b: float | None = None
+    outside: int = 0
+    nonfinite_mismatch: int = 0
+    note: str | None = None
+
+    @property
+    def differs(self) -> bool:
+        if self.status in ("only in A", "only in B", "shape differs"):
+            return True
+        return self.outside > 0 or self.nonfinite_mismatch > 0
+
+
+@dataclass
+class DiffReport:
+    """The comparison of two files: per tensor, lists of unmatched ones, global figures."""
+
+    a: str
+    b: str
+    rtol: float
+    atol: float
+    tensors: list[TensorDiff] = field(default_factory=list)
+    global_diff_norm: float = 0.0
+    global_norm_a: float = 0.0
+    bytes_read: int = 0
+    elapsed_s: float = 0.0
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def global_relative(self) -> float:
+        if self.global_norm_a == 0:
+            return 0.0 if self.global_diff_norm == 0 else math.inf
+        return self.global_diff_norm / self.global_norm_a
+
+    @property
+    def differs(self) -> bool:
+        return any(t.differs for t in self.tensors)
+
+    def count(self, status: str) -> int:
+        return sum(t.status == status for t in self.tensors)
+
+    def summary_line(self) -> str:
+        compared = [t for t in self.tensors if t.status == "compared"]
+        differing = sum(t.differs for t in compared)
+        parts = [f"{len(compared)} compared, {differing} differ"]
+        for status in ("only in A", "only in B", "shape differs", "not compared"):
+            n = self.count(status)
+            if n:
+                parts.append(f"{n} {status}")
+        parts.append(f"‖A−B‖ {self.global_diff_norm:.6g} ({self.global_relative:.3g} of ‖A‖)")
+        return ", ".join(parts)
+
+    def to_json(self) -> dict[str, Any]:
+        tensors = []
+        for t in self.tensors:
+            item = asdict(t)
+            item["differs"] = t.differs
+            tensors.append(item)
+        return json_safe({
+            "schema": SCHEMA_VERSION,
+            "mode": "diff",
+            "a": self.a,
+            "b": self.b,
+            "rtol": self.rtol,
+            "atol": self.atol,
+            "same": not self.differs,
+            "tensors_compared": self.count("compared"),
+            "tensors_differing": sum(t.differs for t in self.tensors),
+            "only_in_a": [t.name for t in self.tensors if t.status == "only in A"],
+            "only_in_b": [t.name for t in self.tensors if t.status == "only in B"],
+            "shape_differs": [t.name for t in self.tensors if t.status == "shape differs"],
+            "global_diff_norm": self.global_diff_norm,
+            "global_norm_a": self.global_norm_a,
+            "global_relative": self.global_relative,
+            "tensors": tensors,
+            "bytes_read": self.bytes_read,
+            "elapsed_s": round(self.elapsed_s, 6),
+            "warnings": self.warnings,
+        })
+
+
+# --------------------------------------------------------------------------- the arithmetic of one unit
+
+
+def _values(x: np.ndarray) -> np.ndarray:
+    if is_complex(x.dtype):
+        return x.astype(np.complex128)
+    if x.dtype == np.float64:
+        return x
+    with np.errstate(invalid="ignore", over="ignore"):
+        return x.astype(np.float64)
+
+
+def _compare_unit(a: np.ndarray, b: np.ndarray, rtol: float, atol: float, exact_ints: bool,
+                  buffer: np.ndarray | None = None) -> tuple:
+    """(sum (a-b)², sum a², sum b², sum a·b, max|a-b|, outside, nonfinite mismatches) of one unit."""
+    if exact_ints:
+        outside = int(np.count_nonzero(a != b)) if rtol == 0 and atol == 0 else -1
+    else:
+        outside = -1
+    x, y = _values(a).reshape(-1), _values(b).reshape(-1)
+    with np.errstate(invalid="ignore", over="ignore"):
+        finite = np.isfinite(x) & np.isfinite(y)
+        all_finite = bool(finite.all())
+        mismatched_nonfinite = 0
+        if not all_finite:
+            both_nan = np.isnan(x) & np.isnan(y)
+            same_inf = np.isinf(x) & (x == y)
+            mismatched_nonfinite = int(np.count_nonzero(~finite & ~both_nan & ~same_inf))
+            x, y = x[finite], y[finite]
+        d = x - y
+        if np.iscomplexobj(d):
+            dd = float(np.add.reduce((d * d.conj()).real))
+            aa = float(np.add.reduce((x * x.conj()).real))
+            bb = float(np.add.reduce((y * y.conj()).real))
+            ab = float(np.add.reduce((x * y.conj()).real))
+            magnitude = np.abs(d)
+        else:
+            dd, aa, bb, ab = dot(d, d, buffer), dot(x, x, buffer), dot(y, y, buffer), dot(x, y, buffer)
+            magnitude = np.abs(d)
+        largest = float(magnitude.max()) if magnitude.size else 0.0
+        if outside < 0:
+            if rtol == 0 and atol == 0:
+                outside = int(np.count_nonzero(x != y))
+            else:
+                outside = int(np.count_nonzero(~(magnitude <= atol + rtol * np.abs(y))))
+    return dd, aa, bb, ab, largest, outside, mismatched_nonfinite
+
+
+class _Accumulator:
+    def __init__(self) -> None:
+        self.dd, self.aa, self.bb, self.ab = ExactSum(), ExactSum(), ExactSum(), ExactSum()
+        self.largest = 0.0
+        self.outside = 0
+        self.nonfinite = 0
+
+    def add(self, result: tuple) -> None:
+        dd, aa, bb, ab, largest, outside, nonfinite = result
+        self.dd.add(dd)
+        self.aa.add(aa)
+        self.bb.add(bb)
+        self.ab.add(ab)
+        self.largest = max(self.largest, largest)
+        self.outside += outside
+        self.nonfinite += nonfinite
+
+
+# --------------------------------------------------------------------------- files
+
+
+def _floating_name(dtype: str | None) -> bool:
+    return bool(dtype) and (dtype.startswith(("float", "bfloat")) or "float" in dtype)  # type: ignore[union-attr]
+
+
+def _comparable(info: TensorInfo) -> bool:
+    return info.numeric and not info.refused
+
+
+def diff_files(a: Path | str, b: Path | str, *, rtol: float = 0.0, atol: float = 0.0,
+               mapping: list[tuple[re.Pattern[str], str]] | None = None, selection: Selection | None = None,
+               memory: int = Budget.memory, threads: int = 0, block_bytes: int | None = None) -> "DiffReport":
+    """Compare two files (or sharded sets, through their index) tensor by tensor.
+
+    Args:
+        a, b: any two supported files, of the same or different formats.
+        rtol, atol: an element differs when ``|a-b| > atol + rtol*|b|``; the
+            defaults (0) mean any difference in value.
+        mapping: rename rules for A's tensors (:func:`parse_mapping`).
+        selection: include/exclude globs, over A's (renamed) names.
+
+    Returns:
+        A :class:`DiffReport`; ``differs`` is True when any tensor differs,
+        is missing on one side or has another shape.
+
+    Example:
+        >>> report = diff_files("before.npz", "after.safetensors")  # doctest: +SKIP
+        >>> report.differs, report.global_relative  # doctest: +SKIP
+    """
+    if rtol < 0 or atol < 0 or math.isnan(rtol) or math.isnan(atol):
+        raise ValueError("rtol and atol must be >= 0")
+    started = time.perf_counter()
+    selection = selection or Selection()
+    rules = mapping or []
+    report = DiffReport(str(a), str(b), rtol, atol)
+    with open_any(Path(a)) as reader_a, open_any(Path(b)) as reader_b:
+        renamed: dict[str, str] = {}
+        for name in reader_a.tensors:
+            new = apply_mapping(name, rules)
+            if new in renamed:
+                raise TclipError(f"--map gives two tensors of A the name {new!r}: {renamed[new]!r} and {name!r}",
+                                 a)
+            renamed[new] = name
+        names_b = {n for n in reader_b.tensors if selection.matches(n)}
+        pairs: list[tuple[TensorDiff, str, str]] = []
+        for new, old in renamed.items():
+            if not selection.matches(new):
+                continue
+            info_a = reader_a.tensors[old]
+            entry = TensorDiff(old, new if new != old else None, list(info_a.shape), None, dtype_name(info_a.dtype))
+            if new not in reader_b.tensors:
+                entry.status = "only in A"
+                report.tensors.append(entry)
+                continue
+            names_b.discard(new)
+            info_b = reader_b.tensors[new]
+            entry.shape_b, entry.dtype_b = list(info_b.shape), dtype_name(info_b.dtype)
+            if tuple(info_a.shape) != tuple(info_b.shape):
+                entry.status = "shape differs"
+            elif not (_comparable(info_a) and _comparable(info_b)):
+                entry.status = "not compared"
+                entry.note = info_a.refused or info_b.refused or "not numeric"
+                if _same_kind_of_bytes(info_a, info_b):
+                    _compare_bytes(reader_a, reader_b, entry, old, new, report)
+            elif is_bool(info_a.dtype) != is_bool(info_b.dtype):
+                entry.status = "not compared"
+                entry.note = "bool against numbers"
+            else:
+                pairs.append((entry, old, new))
+            report.tensors.append(entry)
+        for name in sorted(names_b):
+            info_b = reader_b.tensors[name]
+            report.tensors.append(TensorDiff(name, None, None, list(info_b.shape), None, dtype_name(info_b.dtype),
+                                             "only in B"))
+        _compare_pairs(reader_a, reader_b, pairs, report, Budget(memory, threads, block_bytes))
+        _compare_others(reader_a, reader_b, rules, selection, report, memory)
+    # The global figures cover floating tensors, as the report's global norm does (a step
+    # counter would swamp them).
+    compared = [t for t in report.tensors if t.status == "compared" and _floating_name(t.dtype_a)]
+    report.global_diff_norm = math.sqrt(math.fsum((t.diff_norm or 0.0) ** 2 for t in compared
+                                                  if t.diff_norm is not None and math.isfinite(t.diff_norm)))
+    report.global_norm_a = math.sqrt(math.fsum((t.norm_a or 0.0) ** 2 for t in compared
+                                               if t.norm_a is not None and math.isfinite(t.norm_a)))
+    report.elapsed_s = time.perf_counter() - started
+    return report
+
+
+def _compare_others(reader_a: TensorReader, reader_b: TensorReader, rules: list[tuple[re.Pattern[str], str]],
+                    selection: Selection, report: "DiffReport", memory: int) -> None:
+    """What is not a tensor (HDF5 string, compound, enum datasets, dimension scales): matched
+    by name like tensors; equal when their values are (read as data, within ``memory``)."""
+    others_b = {o.name: o for o in reader_b.others if selection.matches(o.name)}
+    for other in reader_a.others:
+        new = apply_mapping(other.name, rules)
+        if not selection.matches(new):
+            continue
+        entry = TensorDiff(other.name, new if new != other.name else None,
+                           list(other.shape) if other.shape is not None else None, None, other.dtype)
+        match = others_b.pop(new, None)
+        if match is None:
+            entry.status = "only in A"
+        else:
+            entry.shape_b, entry.dtype_b = (list(match.shape) if match.shape is not None else None), match.dtype
+            if entry.shape_a != entry.shape_b:
+                entry.status = "shape differs"
+            else:
+                entry.status, entry.note = "not compared", other.kind
+                x, y = reader_a.other_values(other.name, memory), reader_b.other_values(new, memory)
+                if x is not None and y is not None:
+                    try:
+                        differing = int(np.count_nonzero(np.asarray(x != y).reshape(-1))) if x.shape == y.shape \
+                            else 1
+                    except (TypeError, ValueError):
+                        differing = -1
+                    if differing >= 0 and x.dtype == y.dtype:
+                        entry.status, entry.note = "compared", f"not numbers ({other.kind}): compared as data"
+                        entry.elements, entry.outside = int(x.size), differing
+                        report.bytes_read += x.nbytes + y.nbytes
+        report.tensors.append(entry)
+    for name, other in sorted(others_b.items()):
+        report.tensors.append(TensorDiff(name, None, None, list(other.shape) if other.shape is not None else None,
+                                         None, other.dtype, "only in B"))
+
+
+def _same_kind_of_bytes(a: TensorInfo, b: TensorInfo) -> bool:
+    """Data that is not numbers (strings, dates, opaque types, pickles) of one type on both sides."""
+    return (not a.numeric and not b.numeric and not a.refused and not b.refused and a.dtype == b.dtype
+            and a.dtype_label == b.dtype_label)
+
+
+def _compare_bytes(reader_a: TensorReader, reader_b: TensorReader, entry: "TensorDiff", old: str, new: str,
+                   report: "DiffReport") -> None:
+    """Data that is not numbers is equal when its stored bytes are: compare them, element by
+    element where elements have a fixed size (a pickle is one stream: equal or not)."""
+    chunks_a, chunks_b = reader_a.stored_bytes(old), reader_b.stored_bytes(new)
+    if chunks_a is None or chunks_b is None:
+        return
+    info = reader_a.tensors[old]
+    itemsize = 0 if info.dtype.hasobject else info.dtype.itemsize
+    differing, total_a, total_b = 0, 0, 0
+    pending_a, pending_b = b"", b""
+    with closing(chunks_a), closing(chunks_b):  # type: ignore[type-var]
+        for part_a, part_b in zip_longest(chunks_a, chunks_b, fillvalue=b""):
+            total_a, total_b = total_a + len(part_a), total_b + len(part_b)
+            pending_a, pending_b = pending_a + part_a, pending_b + part_b
+            common = min(len(pending_a), len(pending_b))
+            if itemsize:
+                common -= common % itemsize
+            if common:
+                x = np.frombuffer(pending_a[:common], np.uint8)
+                y = np.frombuffer(pending_b[:common], np.uint8)
+                if itemsize:
+                    differing += int(np.count_nonzero((x != y).reshape(-1, itemsize).any(axis=1)))
+                elif not np.array_equal(x, y):
+                    differing = 1
+                pending_a, pending_b = pending_a[common:], pending_b[common:]
+    if pending_a != pending_b or total_a != total_b:
+        differing = max(differing, 1)
+    report.bytes_read += total_a + total_b
+    entry.status = "compared"
+    entry.elements = math.prod(entry.shape_a or [])
+    entry.outside = differing if itemsize else min(differing, 1)
+    entry.note = "not numbers: compared byte for byte" + ("" if itemsize else " (pickled objects: as one stream)")
+
+
+def _compare_pairs(reader_a: TensorReader, reader_b: TensorReader, pairs: list[tuple[TensorDiff, str, str]],
+                   report: DiffReport, budget: Budget) -> None:
+    rtol, atol = report.rtol, report.atol
+    accumulators = {entry.name: _Accumulator() for entry, _, _ in pairs}
+    itemsize = max((reader_a.tensors[old].dtype.itemsize for _, old, _ in pairs), default=4)
+    entries = {entry.name: (entry, old, new) for entry, old, new in pairs}
+    with BlockRunner(budget, 2 * itemsize) as runner:
+        def jobs() -> Iterator[Job]:
+            for entry, old, _ in pairs:
+                grid = UnitGrid.of(tuple(reader_a.tensors[old].shape))
+                yield from tensor_jobs(entry.name, grid, 2 * itemsize, runner.block_bytes)
+
+        def read(reader: TensorReader, name: str, job: Job, out: np.ndarray | None) -> np.ndarray:
+            info = reader.tensors[name]
+            if not info.fortran_order:
+                return reader.read_flat(name, job.start, job.end, out)
+            grid = UnitGrid.of(tuple(info.shape))
+            parts = []
+            for k in range(job.first, job.stop):
+                parts.append(np.ascontiguousarray(reader.read(name, grid.index(k))).reshape(-1))
+            return np.concatenate(parts) if parts else np.empty(0, info.dtype)
+
+        def both(job: Job, buffer: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            entry, old, new = entries[job.name]
+            size_a = (job.end - job.start) * reader_a.tensors[old].dtype.itemsize
+            a = read(reader_a, old, job, buffer[:size_a])
+            b = read(reader_b, new, job, buffer[size_a:])
+            return a, b
+
+        def parallel(job: Job) -> bool:
+            _, old, new = entries[job.name]
+            return reader_a.parallel_safe(old) and reader_b.parallel_safe(new)
+
+        def prepare(job: Job, buffer: np.ndarray) -> Any:
+            return None if parallel(job) else both(job, buffer)
+
+        def work(job: Job, buffer: np.ndarray) -> tuple[list[tuple], int]:
+            a, b = job.data if job.data is not None else both(job, buffer)
+            entry, old, new = entries[job.name]
+            exact_ints = is_integral(a.dtype) and is_integral(b.dtype)
+            grid = UnitGrid.of(tuple(reader_a.tensors[old].shape))
+            results = []
+            same_bytes = a.dtype == b.dtype and a.nbytes == b.nbytes and np.array_equal(
+                a.view(np.uint8), b.view(np.uint8))
+            buffer = runner.scratch().work
+            for k in range(job.first, job.stop):
+                lo, hi = grid.bounds(k)
+                x, y = a[lo - job.start:hi - job.start], b[lo - job.start:hi - job.start]
+                if same_bytes and not is_complex(x.dtype):
+                    results.append(_identical_unit(x, buffer))
+                else:
+                    results.append(_compare_unit(x, y, rtol, atol, exact_ints, buffer))
+            return results, a.nbytes + b.nbytes
+
+        def finish(job: Job, outcome: tuple[list[tuple], int]) -> None:
+            results, nbytes = outcome
+            accumulator = accumulators[job.name]
+            for result in results:
+                accumulator.add(result)
+            report.bytes_read += nbytes
+
+        def nbytes(job: Job) -> int:
+            _, old, new = entries[job.name]
+            count = job.end - job.start
+            return count * (reader_a.tensors[old].dtype.itemsize + reader_b.tensors[new].dtype.itemsize)
+
+        runner.run(jobs(), prepare, work, finish, nbytes)
+    for entry, _, _ in pairs:
+        acc = accumulators[entry.name]
+        entry.elements = math.prod(entry.shape_a or [])
+        dd, aa, bb, ab = acc.dd.value, acc.aa.value, acc.bb.value, acc.ab.value
+        entry.diff_norm = math.sqrt(dd) if dd >= 0 else math.nan
+        entry.norm_a, entry.norm_b = math.sqrt(aa), math.sqrt(bb)
+        entry.max_abs_diff = acc.largest
+        entry.outside, entry.nonfinite_mismatch = acc.outside, acc.nonfinite
+        if entry.norm_a == 0:
+            entry.relative = 0.0 if entry.diff_norm == 0 else math.inf
+        else:
+            entry.relative = entry.diff_norm / entry.norm_a
+        if entry.norm_a == 0 and entry.norm_b == 0:
+            entry.cosine = 1.0
+        elif entry.norm_a == 0 or entry.norm_b == 0:
+            entry.cosine = 0.0
+        else:
+            entry.cosine = max(-1.0, min(1.0, ab / (entry.norm_a * entry.norm_b)))
+        if entry.dtype_a != entry.dtype_b:
+            entry.note = f"dtypes differ ({entry.dtype_a} vs {entry.dtype_b}): compared as values"
+
+
+def _identical_unit(x: np.ndarray, buffer: np.ndarray | None = None) -> tuple:
+    """A unit whose bytes are the same on both sides: no difference, one sum of squares."""
+    values = _values(x).reshape(-1)
+    with np.errstate(invalid="ignore", over="ignore"):
+        finite = np.isfinite(values)
+        if not finite.all():
+            values = values[finite]
+        aa = dot(values, values, buffer)
+    return 0.0, aa, aa, aa, 0.0, 0, 0
+

@@ -1,0 +1,134 @@
+"""Which files the inputs name, and where outputs go.
+
+Inputs are paths, quoted globs, directories (a directory holding a
+``*.index.json`` stands for that sharded set) and indexes; outputs are
+``NAME.clipped.EXT`` beside the input, or in an output folder, or the input
+itself (in place). Outputs are checked against every input of a run before
+anything is written."""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ..errors import TclipError
+from ..formats.registry import kept_endings, suffixes
+from ..text import natural_key
+from .options import ClipOptions
+
+
+def default_output(path: Path, out_dir: Path | None = None) -> Path:
+    """``grads.npz`` -> ``grads.clipped.npz`` beside it, or ``out_dir/grads.npz``.
+
+    Keras 3 loads weights only from names ending in ``.weights.h5``, so
+    ``model.weights.h5`` -> ``model.clipped.weights.h5``.
+    """
+    path = Path(path)
+    if out_dir is not None:
+        return Path(out_dir) / path.name
+    for ending in kept_endings():
+        cut = len(ending)
+        if path.name.lower().endswith(ending) and len(path.name) > cut:
+            return path.with_name(f"{path.name[:-cut]}.clipped{path.name[-cut:]}")
+    return path.with_name(f"{path.stem}.clipped{path.suffix}")
+
+
+def output_for(path: Path, options: ClipOptions) -> Path:
+    """Where clipping ``path`` writes (not checked: see :func:`check_outputs`)."""
+    if options.in_place:
+        # A symlink stays a symlink: its target is what gets replaced.
+        return Path(os.path.realpath(path))
+    return Path(options.output) if options.output is not None else default_output(path, options.out_dir)
+
+
+def check_outputs(outputs: dict[Path, Path], inputs: list[Path]) -> None:
+    """Refuse, before anything is written, an output (``outputs`` maps each input to its
+    output) that is one of ``inputs`` -- the same file by device and inode, through
+    symlinks and hard links -- or that two inputs share. ``--force`` replaces old
+    outputs, never an input nor another input's output, so it changes nothing here.
+    """
+    identities: dict[tuple[int, int], Path] = {}
+    for path in inputs:
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue  # reported when it is read
+        identities.setdefault((st.st_dev, st.st_ino), Path(path))
+    claimed: dict[str, Path] = {}
+    for source, out in outputs.items():
+        try:
+            st = os.stat(out)
+        except OSError:
+            pass
+        else:
+            replaced = identities.get((st.st_dev, st.st_ino))
+            if replaced is not None:
+                raise TclipError(f"the output {out} would replace the input {replaced}; nothing was written "
+                                 "(--in-place replaces inputs)", source)
+        first = claimed.setdefault(os.path.realpath(out), source)
+        if first != source and not _same_file(first, source):
+            raise TclipError(f"{first} and {source} would both be written to this file; nothing was written "
+                             "(clip them into separate folders)", out)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def is_tensor_file(path: Path) -> bool:
+    own_output = path.stem.endswith(".clipped") or any(path.name.lower().endswith(".clipped" + ending)
+                                                       for ending in kept_endings())
+    return path.suffix.lower() in suffixes() and not own_output
+
+
+def expand_files(items: tuple[str, ...], recursive: bool) -> Iterator[tuple[str, Path | None]]:
+    """(display name, path) per input; path None when the item matched nothing.
+
+    A directory holding a ``*.safetensors.index.json`` stands for that sharded set.
+    """
+    for item in items:
+        path = Path(item)
+        if path.is_dir():
+            indexes = sorted(path.glob("*.index.json"))
+            if indexes:
+                for index in indexes:
+                    yield str(index), index
+                continue
+            found = sorted(path.rglob("*") if recursive else path.iterdir(), key=lambda p: _natural(str(p)))
+            files = [p for p in found if p.is_file() and is_tensor_file(p)]
+            if not files:
+                yield item, None
+            for p in files:
+                yield str(p), p
+        elif path.exists() or not glob.has_magic(item):
+            yield item, path
+        else:
+            matches = sorted(glob.glob(item, recursive=recursive), key=_natural)
+            files = [Path(m) for m in matches if Path(m).is_file() and is_tensor_file(Path(m))]
+            if not files:
+                yield item, None
+            for p in files:
+                yield str(p), p
+
+
+def diff_input(item: str) -> str:
+    """A side of ``diff``: a file, an index, or a directory holding exactly one index."""
+    path = Path(item)
+    if not path.is_dir():
+        return item
+    indexes = sorted(path.glob("*.index.json"))
+    if len(indexes) == 1:
+        return str(indexes[0])
+    if not indexes:
+        raise TclipError("is a directory without a *.index.json; name a file or an index", item)
+    raise TclipError(f"holds {len(indexes)} indexes ({', '.join(p.name for p in indexes)}); name one", item)
+
+
+def _natural(text: str) -> list[Any]:
+    return natural_key(text)

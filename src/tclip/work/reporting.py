@@ -1,0 +1,178 @@
+"""Reports from the passes: what pass 1, the plan and pass 2 found, as report data."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ..core.modes import GlobalNormClip, Mode, NormClip, ValueClip
+from ..core.stats import TensorStats
+from .plan import Plan
+from .quantized import describe, scale_companions
+from .results import NEAR_ZERO_NORM, WORST_SLICES, FileReport, OtherReport, TensorReport
+from .rewrite import RewriteResult
+from .selection import Selection, is_rank_skip
+from .statistics import FileStats
+
+
+def mode_params(mode: Mode) -> dict[str, object]:
+    if isinstance(mode, ValueClip):
+        return {"min": mode.clip_value_min, "max": mode.clip_value_max}
+    params: dict[str, object] = {"clip": mode.clip_norm}
+    if isinstance(mode, NormClip):
+        axes = mode.axes
+        params["axes"] = None if axes is None else ([axes] if isinstance(axes, int) else list(axes))
+    if isinstance(mode, GlobalNormClip):
+        params["use_norm"] = mode.use_norm
+    return params
+
+
+def start_report(stats: FileStats, mode_name: str, params: dict[str, object]) -> FileReport:
+    """The report of one file from its pass 1: every tensor with its skip reason and statistics."""
+    report = FileReport(file=stats.path, mode=mode_name, params=params, format=stats.format)
+    for entry in stats.tensors:
+        tensor = TensorReport(entry.name, list(entry.shape), entry.dtype, entry.nbytes, skipped=entry.skipped)
+        s = stats.stats.get(entry.name)
+        if s is not None:
+            fill_before(tensor, s)
+        report.tensors.append(tensor)
+    report.others = [OtherReport(o.name, o.kind, o.reason, None if o.shape is None else list(o.shape), o.dtype)
+                     for o in stats.others]
+    report.bytes_read = stats.bytes_read
+    return report
+
+
+def fill_before(entry: TensorReport, stats: TensorStats) -> None:
+    entry.norm = stats.norm
+    entry.nan, entry.inf = stats.nan_count, stats.inf_count
+    entry.max_abs = stats.max_abs
+    if stats.size and stats.count:
+        entry.min = stats.min_value if stats.count > stats.nan_count else None
+        entry.max = stats.max_value if stats.count > stats.nan_count else None
+    if stats.axes is not None:
+        entry.slices = int(stats.sum_of_squares.size)
+        entry.max_slice_norm = float(np.max(stats.slice_norms(), initial=0.0)) if entry.slices else 0.0
+
+
+def fill_after(entry: TensorReport, after: TensorStats | None, scale: np.ndarray | None) -> None:
+    if after is not None:
+        _fill_after_norms(entry, after)
+    if scale is not None:
+        scale = np.asarray(scale, dtype=np.float64)
+        entry.scale = float(np.min(scale)) if scale.size else 1.0
+        entry.clipped = bool(np.any(scale != 1.0))
+        if scale.ndim:
+            entry.slices_clipped = int(np.count_nonzero(scale != 1.0))
+
+
+def _fill_after_norms(entry: TensorReport, after: TensorStats) -> None:
+    entry.norm_after = after.norm
+    if after.axes is not None:
+        entry.max_slice_norm_after = float(np.max(after.slice_norms(), initial=0.0)) if after.size else 0.0
+
+
+def finish_report(report: FileReport, stats: FileStats, plan: Plan, rewrite: RewriteResult | None) -> None:
+    """Fill the after-columns and totals of a report from the plan and pass 2."""
+    entries = {t.name: t for t in report.tensors}
+    scales = plan.scales.get(stats.path, {})
+    chosen = stats.selected
+    for name in chosen:
+        entry, before = entries[name], stats.stats[name]
+        if rewrite is not None and name in rewrite.after:
+            measured = rewrite.after[name]
+            fill_after(entry, measured if rewrite.measured else None, scales.get(name))
+            if isinstance(plan.mode, ValueClip):
+                entry.changed = rewrite.changed[name]
+                entry.clipped = entry.changed > 0
+        else:
+            fill_after(entry, before, scales.get(name))
+            if isinstance(plan.mode, ValueClip):
+                entry.changed, entry.clipped = 0, False
+        if before.axes is not None:
+            slice_summary(entry, before, scales.get(name))
+    picked = [entries[n] for n in chosen]
+    report.global_norm = math.sqrt(math.fsum((t.norm or 0.0) ** 2 for t in picked)) if picked else 0.0
+    if all(t.norm_after is not None for t in picked):
+        report.global_norm_after = math.sqrt(math.fsum(t.norm_after ** 2 for t in picked)) if picked else 0.0  # type: ignore[operator]
+    if rewrite is not None:
+        report.bytes_read += rewrite.bytes_read
+        report.bytes_written = rewrite.bytes_written
+        report.output = rewrite.output
+        report.warnings += rewrite.warnings
+
+
+def report_from_stats(stats: FileStats, ord: str, params: dict[str, object],
+                      selection: Selection | None = None) -> FileReport:
+    """The read-only report of one file from its pass 1."""
+    report = start_report(stats, "report", params)
+    report.ord = ord
+    report.metadata = dict(stats.metadata)
+    for entry in report.tensors:
+        s = stats.stats.get(entry.name)
+        if s is None:
+            continue
+        entry.norm = {"2": s.norm, "1": s.l1_norm if ord == "1" else 0.0, "inf": s.max_abs}[ord]
+        if s.nan_count and ord != "2":
+            entry.norm = math.nan  # as the L2 norm is, so NaN is never hidden
+        if s.moments is not None and not entry.dtype.startswith("complex"):
+            entry.mean, entry.std = s.mean, s.std
+            entry.zeros = s.moments.zeros
+            entry.histogram = s.moments.histogram()
+        if entry.dtype.startswith("complex"):
+            entry.min = entry.max = None  # complex numbers have no order
+        if s.axes is not None:
+            slice_summary(entry, s, None)
+    # The global norm is over floating tensors (a complex one is measured, not counted).
+    counted = [t for t in report.tensors if t.name in stats.stats and (t.skipped is None or is_rank_skip(t.skipped))]
+    norms = [t.norm or 0.0 for t in counted]
+    if ord == "2":
+        report.global_norm = math.sqrt(math.fsum(n * n for n in norms))
+    elif ord == "1":
+        report.global_norm = math.fsum(norms)
+    else:
+        report.global_norm = max(norms, default=0.0)
+    for pattern in (selection or Selection()).unmatched([t.name for t in report.tensors]):
+        report.warnings.append(f"pattern {pattern!r} matches no tensor")
+    quantized = quantized_warning([t.name for t in report.tensors])
+    if quantized:
+        report.warnings.append(quantized)
+    return report
+
+
+def quantized_warning(names: list[str]) -> str | None:
+    """The report's word that the norms of quantized weights shown are of their raw codes."""
+    pairs = scale_companions(names)
+    if not pairs:
+        return None
+    listing = ", ".join(describe(w, s) for w, s in list(pairs.items())[:3])
+    if len(pairs) > 3:
+        listing += f" and {len(pairs) - 3} more"
+    return (f"{len(pairs)} quantized weight(s) ({listing}): the norms shown are of their raw codes and of "
+            "their scale tensors as plain values, not of the real (dequantized) weights")
+
+
+def slice_summary(entry: TensorReport, stats: Any, scale: np.ndarray | None) -> None:
+    """Smallest slice norm, near-zero slices and the largest (or clipped) slices by index."""
+    norms = np.asarray(stats.slice_norms(), dtype=np.float64)
+    axes = stats.axes
+    kept_shape = [n for i, n in enumerate(stats.shape) if i not in axes]
+    flat = norms.reshape(-1)
+    if not flat.size:
+        return
+    entry.min_slice_norm = float(np.nanmin(flat)) if not np.isnan(flat).all() else math.nan
+    entry.near_zero_slices = int(np.count_nonzero(flat <= NEAR_ZERO_NORM))
+    order_key = np.where(np.isnan(flat), np.inf, flat)
+    count = min(WORST_SLICES, flat.size)
+    top = np.argpartition(-order_key, count - 1)[:count] if flat.size > count else np.arange(flat.size)
+    top = top[np.argsort(-order_key[top], kind="stable")]
+    scales = None if scale is None or np.ndim(scale) == 0 else np.asarray(scale).reshape(-1)
+    worst = []
+    for i in top:
+        index = [int(v) for v in np.unravel_index(int(i), kept_shape)] if kept_shape else []
+        item: dict[str, Any] = {"index": index, "norm": float(flat[i])}
+        if scales is not None:
+            item["clipped"] = bool(scales[i] != 1.0)
+        worst.append(item)
+    entry.worst_slices = worst

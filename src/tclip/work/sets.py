@@ -1,0 +1,345 @@
+"""One tensor set across many files: sharded checkpoints, explicit file lists, clusters.
+
+The work is the one-file steps over all files:
+
+1. pass 1 per file (:func:`stats_task`), on an executor: a local thread pool
+   by default, a ``dask.distributed`` cluster with ``--dask`` (its
+   ``Client.get_executor()`` is a ``concurrent.futures.Executor``);
+2. one plan over every file's statistics (one global norm: an exact sum of
+   every tensor's sum of squares, so any split into files gives the same bits);
+3. pass 2 per file (:func:`rewrite_task`), each shard written atomically; the
+   index last.
+
+Only per-tensor statistics cross process boundaries, never tensors: each task
+opens its own files by path."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor, Future, ThreadPoolExecutor, as_completed, wait
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..core.modes import GlobalNormClip, NormClip, ValueClip, value_bounds
+from ..errors import OutputExistsError, TclipError, UnsupportedError
+from ..formats.sharded import IN_PROGRESS_KEY, TensorSet, is_index, load_index, resolve, write_index
+from .budget import Budget
+from .clip import file_info
+from .inputs import check_outputs, default_output
+from .options import ClipOptions
+from .journal import commit_marker, journal_done, journal_path, mark_index, read_journal, write_journal
+from .plan import Plan, TensorWork, make_plan
+from .policy import refuse_quantized, set_checks
+from .reporting import finish_report, mode_params, report_from_stats, start_report
+from .results import FileReport, InfoReport
+from .rewrite import RewriteResult, rewrite_file
+from .selection import Selection
+from .statistics import FileStats, file_statistics
+
+
+def stats_task(path: str, selection: Selection, axes: Any, budget: Budget, track_l1: bool = False,
+               track_moments: bool = False, whole_if_rank_skip: bool = False,
+               progress: Callable[[int], None] | None = None) -> FileStats:
+    """Pass 1 of one file, on whatever machine runs it."""
+    return file_statistics(path, selection=selection, axes=axes, budget=budget, track_l1=track_l1,
+                           track_moments=track_moments, whole_if_rank_skip=whole_if_rank_skip, progress=progress)
+
+
+def rewrite_task(path: str, work: dict[str, TensorWork], target: str | None, axes: Any, overwrite: bool,
+                 budget: Budget, drop_nonnumeric: bool, progress: Callable[[int], None] | None = None,
+                 commit_marker: str | None = None) -> RewriteResult:
+    """Pass 2 of one file, on whatever machine runs it; the output appears atomically."""
+    return rewrite_file(path, work, None if target is None else Path(target), axes=axes, overwrite=overwrite,
+                        budget=budget, progress=progress, drop_nonnumeric=drop_nonnumeric,
+                        commit_marker=None if commit_marker is None else Path(commit_marker))
+
+
+class TaskPool:
+    """Where per-file tasks run: a local thread pool, or a Dask cluster."""
+
+    def __init__(self, budget: Budget, files: int, dask_address: str | None) -> None:
+        self.client: Any = None
+        self.local = dask_address is None
+        if dask_address is None:
+            self.parallel = max(1, min(files, budget.workers))
+            self.task_budget = budget.share(self.parallel)
+            self.executor: Executor = ThreadPoolExecutor(self.parallel, thread_name_prefix="tclip-file")
+        else:
+            try:
+                from dask.distributed import Client
+            except ImportError:
+                raise UnsupportedError("--dask needs dask.distributed: pip install 'tclip[dask]'") from None
+            try:
+                self.client = Client(dask_address, timeout="30s", set_as_default=False)
+            except (OSError, TimeoutError, ValueError) as error:
+                raise TclipError(f"cannot reach the Dask scheduler at {dask_address} ({error})") from None
+            # Each worker runs its tasks with the budget given (its --memory and --threads).
+            self.parallel = files
+            self.task_budget = budget
+            self.executor = self.client.get_executor(retries=2, pure=False)
+
+    def map(self, function: Callable[..., Any], calls: list[tuple[tuple, dict[str, Any]]]) -> list[Any]:
+        futures: list[Future] = [self.executor.submit(function, *args, **kwargs) for args, kwargs in calls]
+        try:
+            return [f.result() for f in futures]
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise
+
+    def close(self) -> None:
+        if self.local:
+            self.executor.shutdown(wait=True, cancel_futures=True)
+        elif self.client is not None:
+            self.client.close()
+
+
+def group_sets(inputs: list[tuple[str, Path | None]], across: bool) -> list[tuple[str, TensorSet | None]]:
+    """Indexes become sets; with ``across`` all other files form one set; else each file is its own set."""
+    out: list[tuple[str, TensorSet | None]] = []
+    loose: list[Path] = []
+    for name, path in inputs:
+        if path is None:
+            out.append((name, None))
+        elif is_index(path):
+            out.append((name, TensorSet(name, [], path)))
+        elif across:
+            loose.append(path)
+        else:
+            out.append((name, TensorSet(name, [path])))
+    if loose:
+        label = f"{len(loose)} files" if len(loose) > 1 else str(loose[0])
+        out.append((label, TensorSet(label, loose)))
+    return out
+
+
+def _selection_for(tensor_set: TensorSet, file: Path, selection: Selection) -> Selection:
+    if tensor_set.allow is None:
+        return selection
+    return replace(selection, allow=tensor_set.allow[file])
+
+
+def _targets(tensor_set: TensorSet, options: ClipOptions) -> tuple[dict[Path, Path | None], Path | None]:
+    """Each file's output, and the index's."""
+    if options.dry_run:
+        return {f: None for f in tensor_set.files}, None
+    if tensor_set.index is not None:
+        if options.in_place:
+            return {f: f for f in tensor_set.files}, tensor_set.index
+        if options.out_dir is None:
+            raise TclipError("a sharded checkpoint needs --out-dir DIR (shards and index keep their names) "
+                             "or --in-place", tensor_set.index)
+        folder = Path(options.out_dir)
+        if folder.resolve() == tensor_set.index.parent.resolve():
+            raise TclipError("--out-dir is the checkpoint's own folder; use --in-place for that", tensor_set.index)
+        return ({f: folder / f.relative_to(tensor_set.index.parent) for f in tensor_set.files},
+                folder / tensor_set.index.name)
+    if options.in_place:
+        return {f: f for f in tensor_set.files}, None
+    return {f: default_output(f, options.out_dir) for f in tensor_set.files}, None
+
+
+def planned_outputs(tensor_set: TensorSet, options: ClipOptions) -> tuple[dict[Path, Path], list[Path]]:
+    """What a run that is not ``--in-place`` would write: each input (shards and index)
+    with its output, and every input of the set, for :func:`tclip.pipeline.check_outputs`."""
+    if tensor_set.index is not None and not tensor_set.files:
+        tensor_set = load_index(tensor_set.index)
+    targets, index_target = _targets(tensor_set, replace(options, dry_run=False))
+    outputs: dict[Path, Path] = {f: t for f, t in targets.items() if t is not None}
+    inputs = list(tensor_set.files)
+    if tensor_set.index is not None:
+        inputs.append(tensor_set.index)
+        if index_target is not None:
+            outputs[tensor_set.index] = index_target
+    return outputs, inputs
+
+
+def clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_address: str | None = None,
+             progress: Callable[[str], Callable[[int], None]] | None = None) -> FileReport:
+    """Clip one tensor set: pass 1 on every file, one plan, pass 2 on every file, the index last."""
+    started = time.perf_counter()
+    if isinstance(mode, ValueClip):
+        value_bounds(np.dtype(np.float64), mode.clip_value_min, mode.clip_value_max)
+    tensor_set = resolve(tensor_set)
+    refuse_quantized(tensor_set.names, options.selection, tensor_set.name)
+    axes = mode.axes if isinstance(mode, NormClip) else None
+    targets, index_target = _targets(tensor_set, options)
+    if not options.in_place and not options.dry_run:
+        check_outputs(*planned_outputs(tensor_set, options))
+    overwrite = options.overwrite or options.in_place
+    if not overwrite:
+        for out in [*targets.values(), index_target]:
+            if out is not None and os.path.lexists(out):
+                raise OutputExistsError("output already exists; pass --force to replace it", out)
+    journal = journal_path(tensor_set) if options.in_place and tensor_set.index is not None else None
+    if IN_PROGRESS_KEY in tensor_set.metadata:
+        # A half-clipped checkpoint: clipping it anew would take the norm of a mix.
+        if journal is None:
+            raise TclipError("an in-place run was interrupted here and some shards may be clipped and others "
+                             "not; finish it by rerunning that command (with --in-place), or restore the "
+                             "checkpoint", tensor_set.index)
+        if not journal.exists():
+            raise TclipError(f"the index says an in-place run was interrupted, but its journal ({journal.name}) "
+                             "is missing; restore the checkpoint from a copy", tensor_set.index)
+    resumed = read_journal(journal, mode, options, record=not options.dry_run) if journal is not None else None
+    if options.dry_run:
+        journal = None  # a dry run shows what a resumed run would do, and writes nothing
+    files = tensor_set.files
+    engine = TaskPool(options.budget, len(files), dask_address)
+    try:
+        def file_progress(file: Path) -> Callable[[int], None] | None:
+            return progress(str(file)) if progress is not None and engine.local else None
+
+        done = set(resumed["done"]) if resumed is not None else set()
+        todo = [f for f in files if str(f) not in done]
+        selections = {f: _selection_for(tensor_set, f, options.selection) for f in files}
+        stats = engine.map(stats_task, [((str(f), selections[f], axes, engine.task_budget),
+                                         {"progress": file_progress(f)}) for f in todo])
+        report = _set_report(tensor_set, stats, mode)
+        report.dry_run = options.dry_run
+        set_checks(report, stats, options, tensor_set)
+        if resumed is not None:
+            # The finished shards are clipped already: the global norm is the one recorded.
+            if isinstance(mode, GlobalNormClip) and mode.use_norm is None:
+                mode = GlobalNormClip(mode.clip_norm, resumed["global_norm"])
+            report.warnings.append(f"resumed an unfinished run: {len(done)} of {len(files)} shard(s) were "
+                                   "clipped by it already")
+        plan = make_plan(mode, stats)
+        if journal is not None and resumed is None:
+            write_journal(journal, tensor_set, mode, options, stats, plan)
+            for f in files:  # a marker left by a run given up on (restored, journal removed) means nothing now
+                commit_marker(f).unlink(missing_ok=True)
+            mark_index(tensor_set, journal)
+        calls, order = [], []
+        for f, s in zip(todo, stats):
+            target = targets[f]
+            marker = {"commit_marker": str(commit_marker(f))} if journal is not None else {}
+            calls.append(((str(f), plan.work[s.path], None if target is None else str(target), axes,
+                           overwrite or not engine.local, engine.task_budget, options.drop_nonnumeric),
+                          {"progress": file_progress(f), **marker}))
+            order.append(f)
+        results = _rewrite_all(engine, calls, order, journal)
+        rewrites = {r.path: r for r in results}
+        _finish_set_report(report, stats, plan, rewrites, targets)
+        if plan.global_norm is not None:
+            report.global_norm = plan.global_norm
+        if index_target is not None:
+            write_index(tensor_set, index_target, [targets[f] for f in files], overwrite=overwrite)
+            report.output = str(index_target)
+            if journal is not None:
+                journal.unlink(missing_ok=True)
+    finally:
+        engine.close()
+    report.elapsed_s = time.perf_counter() - started
+    return report
+
+
+def _rewrite_all(engine: TaskPool, calls: list, order: list[Path], journal: Path | None) -> list[RewriteResult]:
+    if journal is None:
+        return engine.map(rewrite_task, calls)
+    # In place: every shard that is replaced is written down in the journal as soon as it
+    # is, even when the run stops (an error, Ctrl-C) while other shards are being written.
+    futures = {engine.executor.submit(rewrite_task, *args, **kwargs): file
+               for (args, kwargs), file in zip(calls, order)}
+    results: dict[Path, RewriteResult] = {}
+    try:
+        for future in as_completed(futures):
+            results[futures[future]] = future.result()
+            journal_done(journal, futures[future])
+    except BaseException:
+        for future in futures:
+            future.cancel()
+        wait(list(futures))
+        for future, file in futures.items():
+            if file not in results and future.done() and not future.cancelled() and future.exception() is None:
+                journal_done(journal, file)
+        raise
+    return [results[f] for f in order]
+
+
+def _set_report(tensor_set: TensorSet, stats: list[FileStats], mode: Any) -> FileReport:
+    report = FileReport(file=tensor_set.name, mode=mode.name, params=mode_params(mode),
+                        format=stats[0].format if stats else None)
+    for s in stats:
+        part = start_report(s, mode.name, {})
+        report.tensors += [t for t in part.tensors if t.skipped != "not selected" or tensor_set.allow is None]
+        report.others += part.others
+        report.bytes_read += part.bytes_read
+    report.members = [{"file": s.path, "output": None} for s in stats]
+    return report
+
+
+def _finish_set_report(report: FileReport, stats: list[FileStats], plan: Plan, rewrites: dict[str, RewriteResult],
+                       targets: dict[Path, Path | None]) -> None:
+    by_name = {t.name: t for t in report.tensors}
+    for s in stats:
+        part = FileReport(file=s.path, mode=report.mode)
+        part.tensors = [by_name[t.name] for t in s.tensors if t.name in by_name]
+        finish_report(part, s, plan, rewrites.get(s.path))
+        report.bytes_read += rewrites[s.path].bytes_read if s.path in rewrites else 0
+        report.bytes_written += rewrites[s.path].bytes_written if s.path in rewrites else 0
+        report.warnings += rewrites[s.path].warnings if s.path in rewrites else []
+    picked = [t for t in report.tensors if t.skipped is None]
+    report.global_norm = plan.global_norm if plan.global_norm is not None else \
+        math.sqrt(math.fsum((t.norm or 0.0) ** 2 for t in picked))
+    if all(t.norm_after is not None for t in picked):
+        report.global_norm_after = math.sqrt(math.fsum(t.norm_after ** 2 for t in picked))  # type: ignore[operator]
+    report.members = [{"file": s.path, "output": None if targets[Path(s.path)] is None else str(targets[Path(s.path)]),
+                       "bytes_written": rewrites[s.path].bytes_written if s.path in rewrites else 0}
+                      for s in stats]
+
+
+def report_set(tensor_set: TensorSet, selection: Selection, order: str, axes: Any, moments: bool, budget: Budget,
+               progress: Callable[[str], Callable[[int], None]] | None = None,
+               dask_address: str | None = None) -> FileReport:
+    """The read-only report of a set: every tensor of every file, one global norm."""
+    started = time.perf_counter()
+    tensor_set = resolve(tensor_set)
+    engine = TaskPool(budget, len(tensor_set.files), dask_address)
+    try:
+        stats = engine.map(stats_task, [((str(f), _selection_for(tensor_set, f, selection), axes, engine.task_budget),
+                                         {"track_l1": order == "1", "track_moments": moments,
+                                          "whole_if_rank_skip": True,
+                                          "progress": progress(str(f)) if progress is not None else None})
+                                        for f in tensor_set.files])
+    finally:
+        engine.close()
+    merged = FileStats(tensor_set.name, stats[0].format if stats else "", sum(s.size_bytes for s in stats),
+                       [t for s in stats for t in s.tensors if tensor_set.allow is None or t.skipped != "not selected"],
+                       {k: v for s in stats for k, v in s.stats.items()},
+                       [o for s in stats for o in s.others], tensor_set.metadata,
+                       sum(s.bytes_read for s in stats))
+    params: dict[str, Any] = {"ord": order}
+    if axes is not None:
+        params["axes"] = list(axes)
+    report = report_from_stats(merged, order, params, selection)
+    report.members = [{"file": s.path, "output": None} for s in stats]
+    if IN_PROGRESS_KEY in tensor_set.metadata:
+        report.warnings.append("an in-place run was interrupted here: some shards may be clipped and others not "
+                               "(rerun it with --in-place to finish it)")
+    report.elapsed_s = time.perf_counter() - started
+    return report
+
+
+def index_info(path: Path) -> InfoReport:
+    """The headers of every shard an index names, as one info report (no tensor data read)."""
+    tensor_set = resolve(TensorSet(str(path), [], Path(path)))
+    tensors, others = [], []
+    size = path.stat().st_size
+    fmt = ""
+    for file in tensor_set.files:
+        info = file_info(file)
+        fmt = info.format
+        size += info.size_bytes
+        allowed = tensor_set.allow[file] if tensor_set.allow is not None else None
+        tensors += [t for t in info.tensors if allowed is None or t.name in allowed]
+        others += info.others
+    metadata = tensor_set.metadata
+    metadata["shards"] = len(tensor_set.files)
+    return InfoReport(str(path), f"{fmt} index", size, tensors, metadata, others)
