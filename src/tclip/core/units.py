@@ -127,3 +127,26 @@ class UnitGrid:
     def span(self, first: int, stop: int) -> tuple[int, int]:
         """Flat (start, stop) of the units ``[first, stop)``."""
         return self.bounds(first)[0], self.bounds(stop - 1)[1]
+
+
+def flat_rectangles(shape: tuple[int, ...], start: int, stop: int) -> list[Index]:
+    """The fewest rectangles that cover the C-order run ``[start, stop)`` of ``shape``, in order."""
+    if start >= stop:
+        return []
+    if not shape:
+        return [()]
+    inner = math.prod(shape[1:])
+    first, head = divmod(start, inner)
+    last, tail = divmod(stop, inner)
+    rest = shape[1:]
+    if first == last:
+        return [(slice(first, first + 1), *r) for r in flat_rectangles(rest, head, tail)]
+    out: list[Index] = []
+    if head:
+        out += [(slice(first, first + 1), *r) for r in flat_rectangles(rest, head, inner)]
+        first += 1
+    if last > first:
+        out.append((slice(first, last), *(slice(0, n) for n in rest)))
+    if tail:
+        out += [(slice(last, last + 1), *r) for r in flat_rectangles(rest, 0, tail)]
+    return out

@@ -16,7 +16,14 @@ Nothing here clips: the formats know nothing of norms, the passes over files
 from __future__ import annotations
 
 from .base import OtherObject, TensorInfo, TensorReader, TensorWriter
-from .registry import create_writer, detect_format, format_for_suffix, open_reader, register, unregister
+from .registry import (
+    create_writer,
+    detect_format,
+    format_for_suffix,
+    open_reader,
+    register,
+    unregister,
+)
 
 __all__ = [
     "OtherObject",

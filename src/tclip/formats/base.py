@@ -30,9 +30,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..core.units import Index
+from ..core.units import Index, flat_rectangles
 from ..errors import FormatError, TclipError
-from ._blocks import contiguous_span, flat_rectangles, layout_blocks, normalize_index
+from ._blocks import contiguous_span, layout_blocks, normalize_index
 from ._io import (
     DEFAULT_BLOCK_BYTES,
     as_bytes,

@@ -35,9 +35,9 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import numpy as np
 
 from ..core.dtypes import ML_FLOAT_TYPES
-from ..core.units import Index
+from ..core.units import Index, flat_rectangles
 from ..errors import FormatError, UnsupportedError
-from ._blocks import contiguous_span, flat_rectangles, normalize_index
+from ._blocks import contiguous_span, normalize_index
 from ._h5probe import check_in_child
 from ._io import copy_except, copy_range, flat_result, pread_into, pwrite_all
 from .atomic import AtomicOutput

@@ -19,7 +19,6 @@ from .atomic import write_json
 from .base import TensorReader
 from .registry import open_reader
 
-
 INDEX_SUFFIX = ".index.json"
 
 

@@ -102,6 +102,7 @@ class Job:
     action: Callable[[], Any] | None = None
     data: Any = None  # the block, when the main thread read it
     buffer: np.ndarray | None = None
+    step: Any = None  # what the pass driver walks (tclip.work.passes.Walk)
 
 
 def tensor_jobs(name: str, grid: UnitGrid, itemsize: int, block_bytes: int, align: int = 0) -> Iterator[Job]:

@@ -16,14 +16,15 @@ from ..formats import open_reader
 from .budget import Budget
 from .inputs import check_outputs, output_for
 from .options import ClipOptions
-from .passes import HeldTensors
+
 from .plan import make_plan
 from .policy import header_checks, nonfinite_message
 from .reporting import finish_report, mode_params, report_from_stats, start_report
 from .results import FileReport, InfoReport, InfoTensor, OtherReport
 from .rewrite import rewrite_file
 from .selection import Selection, select
-from .statistics import Progress, file_statistics
+from .passes import HeldTensors, Progress
+from .statistics import file_statistics
 
 
 def clip_file(path: Path | str, mode: Mode, options: ClipOptions | None = None,

@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections.abc import Iterator
 from contextlib import closing
 from dataclasses import asdict, dataclass, field
 from itertools import zip_longest
@@ -32,12 +31,12 @@ import numpy as np
 
 from ..core.dtypes import dtype_name, is_bool, is_complex, is_integral
 from ..core.exact import ExactSum
-from ..core.kernels import dot
-from ..core.units import UnitGrid
+from ..core.kernels import Scratch, dot
 from ..errors import TclipError
 from ..formats import TensorInfo, TensorReader
 from ..formats.sharded import open_any
-from .budget import BlockRunner, Budget, Job, tensor_jobs
+from .budget import Budget
+from .passes import Block, pair_walk, run_pass
 from .results import SCHEMA_VERSION, json_safe
 from .selection import Selection
 
@@ -401,69 +400,28 @@ def _compare_pairs(reader_a: TensorReader, reader_b: TensorReader, pairs: list[t
                    report: DiffReport, budget: Budget) -> None:
     rtol, atol = report.rtol, report.atol
     accumulators = {entry.name: _Accumulator() for entry, _, _ in pairs}
-    itemsize = max((reader_a.tensors[old].dtype.itemsize for _, old, _ in pairs), default=4)
-    entries = {entry.name: (entry, old, new) for entry, old, new in pairs}
-    with BlockRunner(budget, 2 * itemsize) as runner:
-        def jobs() -> Iterator[Job]:
-            for entry, old, _ in pairs:
-                grid = UnitGrid.of(tuple(reader_a.tensors[old].shape))
-                yield from tensor_jobs(entry.name, grid, 2 * itemsize, runner.block_bytes)
+    walks = [pair_walk(entry.name, reader_a, old, reader_b, new) for entry, old, new in pairs]
 
-        def read(reader: TensorReader, name: str, job: Job, out: np.ndarray | None) -> np.ndarray:
-            info = reader.tensors[name]
-            if not info.fortran_order:
-                return reader.read_flat(name, job.start, job.end, out)
-            grid = UnitGrid.of(tuple(info.shape))
-            parts = []
-            for k in range(job.first, job.stop):
-                parts.append(np.ascontiguousarray(reader.read(name, grid.index(k))).reshape(-1))
-            return np.concatenate(parts) if parts else np.empty(0, info.dtype)
+    def compare(block: Block, scratch: Scratch) -> list[tuple]:
+        a, b = block.data
+        exact_ints = is_integral(a.dtype) and is_integral(b.dtype)
+        same_bytes = a.dtype == b.dtype and a.nbytes == b.nbytes and np.array_equal(
+            a.view(np.uint8), b.view(np.uint8))
+        buffer = scratch.work
+        results = []
+        for _, (x, y) in block.units():
+            if same_bytes and not is_complex(x.dtype):
+                results.append(_identical_unit(x, buffer))
+            else:
+                results.append(_compare_unit(x, y, rtol, atol, exact_ints, buffer))
+        return results
 
-        def both(job: Job, buffer: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            entry, old, new = entries[job.name]
-            size_a = (job.end - job.start) * reader_a.tensors[old].dtype.itemsize
-            a = read(reader_a, old, job, buffer[:size_a])
-            b = read(reader_b, new, job, buffer[size_a:])
-            return a, b
+    def merge(block: Block, results: list[tuple]) -> None:
+        accumulator = accumulators[block.walk.name]
+        for result in results:
+            accumulator.add(result)
 
-        def parallel(job: Job) -> bool:
-            _, old, new = entries[job.name]
-            return reader_a.parallel_safe(old) and reader_b.parallel_safe(new)
-
-        def prepare(job: Job, buffer: np.ndarray) -> Any:
-            return None if parallel(job) else both(job, buffer)
-
-        def work(job: Job, buffer: np.ndarray) -> tuple[list[tuple], int]:
-            a, b = job.data if job.data is not None else both(job, buffer)
-            entry, old, new = entries[job.name]
-            exact_ints = is_integral(a.dtype) and is_integral(b.dtype)
-            grid = UnitGrid.of(tuple(reader_a.tensors[old].shape))
-            results = []
-            same_bytes = a.dtype == b.dtype and a.nbytes == b.nbytes and np.array_equal(
-                a.view(np.uint8), b.view(np.uint8))
-            buffer = runner.scratch().work
-            for k in range(job.first, job.stop):
-                lo, hi = grid.bounds(k)
-                x, y = a[lo - job.start:hi - job.start], b[lo - job.start:hi - job.start]
-                if same_bytes and not is_complex(x.dtype):
-                    results.append(_identical_unit(x, buffer))
-                else:
-                    results.append(_compare_unit(x, y, rtol, atol, exact_ints, buffer))
-            return results, a.nbytes + b.nbytes
-
-        def finish(job: Job, outcome: tuple[list[tuple], int]) -> None:
-            results, nbytes = outcome
-            accumulator = accumulators[job.name]
-            for result in results:
-                accumulator.add(result)
-            report.bytes_read += nbytes
-
-        def nbytes(job: Job) -> int:
-            _, old, new = entries[job.name]
-            count = job.end - job.start
-            return count * (reader_a.tensors[old].dtype.itemsize + reader_b.tensors[new].dtype.itemsize)
-
-        runner.run(jobs(), prepare, work, finish, nbytes)
+    report.bytes_read += run_pass(walks, budget, compare, merge)
     for entry, _, _ in pairs:
         acc = accumulators[entry.name]
         entry.elements = math.prod(entry.shape_a or [])

@@ -8,21 +8,19 @@ from __future__ import annotations
 import errno
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 
-from ..core.kernels import clip_unit, scale_unit
+from ..core.kernels import Scratch, clip_unit, scale_unit
 from ..core.stats import TensorStats, kept_index, normalize_axes
 from ..errors import TclipError, UnsupportedError
 from ..formats import TensorReader, TensorWriter, create_writer, open_reader
 from ..formats.registry import holds_metadata, output_format
-from .budget import BlockRunner, Budget, Job, tensor_jobs
-from .passes import HeldTensors, storage_layout, storage_view
+from .budget import Budget
+from .passes import Action, Block, HeldTensors, Progress, Walk, run_pass, tensor_walk
 from .plan import TensorWork
-from .statistics import Progress
 
 
 @dataclass
@@ -123,96 +121,52 @@ def _rewrite(reader: TensorReader, work: dict[str, TensorWork], target: Path | N
 def _run_rewrite(reader: TensorReader, writer: TensorWriter | None, work: dict[str, TensorWork], axes: object,
                  budget: Budget, progress: Progress | None, held: HeldTensors | None, written: set[str],
                  result: RewriteResult, measure_after: bool = True) -> None:
-    layouts = {}
-    for name, task in work.items():
-        info = reader.tensors[name]
+    steps: list[Walk | Action] = []
+    for name, info in reader.tensors.items():
+        task = work.get(name)
+        if task is None:
+            steps.append(Action(name, lambda n=name: _copy(reader, writer, n, written)))
+            continue
         tensor_axes = normalize_axes(axes, len(info.shape)) if task.scale is not None and task.scale.ndim else None
-        layouts[name] = storage_layout(info, tensor_axes)
         result.after[name] = TensorStats.empty(info.shape, tensor_axes)
         result.changed[name] = 0
-    size = os.stat(reader.path).st_size
-    itemsize = max((reader.tensors[n].dtype.itemsize for n in work), default=4)
-    counted = 0
+        steps.append(tensor_walk(reader, name, axes=tensor_axes, held=held,
+                                 writer=writer if writer is not None and name in written else None))
 
-    def advance(nbytes: int) -> None:
-        nonlocal counted
-        counted += nbytes
-        if progress is not None:
-            progress(nbytes)
+    def rewrite(block: Block, scratch: Scratch) -> tuple[list[tuple], int]:
+        walk = block.walk
+        task, after = work[walk.name], result.after[walk.name]
+        scale = walk.view(task.scale) if task.scale is not None and task.scale.ndim else None
+        results, changed = [], 0
+        for k, (unit,) in block.units():
+            if task.bounds is not None:
+                count, wide = clip_unit(unit, task.bounds[0], task.bounds[1], scratch)
+                changed += count
+            elif scale is not None:
+                wide = scale_unit(unit, scale[kept_index(walk.grid.index(k), unit.ndim, walk.axes)], scratch)
+            else:
+                wide = scale_unit(unit, float(task.scale), scratch)  # type: ignore[arg-type]
+            if measure_after:
+                results.append(after.reduce(unit, scratch, walk.axes, wide, extremes=False))
+        return results, changed
 
-    with BlockRunner(budget, itemsize) as runner:
-        def copy(name: str) -> None:
-            if writer is not None and name in written:
-                writer.copy_tensor(reader, name)
-            advance(reader.tensors[name].nbytes)
+    def merge(block: Block, outcome: tuple[list[tuple], int]) -> None:
+        results, changed = outcome
+        walk = block.walk
+        after = result.after[walk.name]
+        target = walk.view(after.sum_of_squares) if after.axes is not None else None
+        for k, unit_result in zip(range(block.first, block.stop), results):
+            after.add_unit(unit_result, walk.grid.index(k) if walk.axes is not None else (), target, walk.axes)
+        if not measure_after:
+            after.count += block.end - block.start
+        result.changed[walk.name] += changed
 
-        def jobs() -> Iterator[Job]:
-            for name, info in reader.tensors.items():
-                if name not in work:
-                    yield Job(name, kind="main", action=lambda n=name: copy(n))
-                    continue
-                yield from tensor_jobs(name, layouts[name][0], info.dtype.itemsize, runner.block_bytes,
-                                       reader.align(name))
+    result.bytes_read += run_pass(steps, budget, rewrite, merge, progress=progress,
+                                  total=os.stat(reader.path).st_size)
 
-        def read(job: Job, buffer: np.ndarray) -> np.ndarray:
-            kept = held.data.get(job.name) if held is not None else None
-            if kept is not None:
-                nbytes = (job.end - job.start) * kept.dtype.itemsize
-                out = buffer[:nbytes].view(kept.dtype)
-                out[...] = kept[job.start:job.end]
-                return out
-            return reader.read_flat(job.name, job.start, job.end, buffer)
 
-        def prepare(job: Job, buffer: np.ndarray) -> np.ndarray | None:
-            held_here = held is not None and job.name in held.data
-            return None if held_here or reader.parallel_safe(job.name) else read(job, buffer)
-
-        def work_on(job: Job, buffer: np.ndarray) -> tuple[np.ndarray, list[tuple], int, bool]:
-            data = job.data if job.data is not None else read(job, buffer)
-            task = work[job.name]
-            grid, storage_axes = layouts[job.name]
-            after = result.after[job.name]
-            scratch = runner.scratch()
-            scale = None
-            if task.scale is not None and task.scale.ndim:
-                scale = storage_view(task.scale, reader.tensors[job.name])
-            results, changed = [], 0
-            for k in range(job.first, job.stop):
-                lo, hi = grid.bounds(k)
-                unit = data[lo - job.start:hi - job.start].reshape(grid.unit_shape(k))
-                if task.bounds is not None:
-                    count, wide = clip_unit(unit, task.bounds[0], task.bounds[1], scratch)
-                    changed += count
-                elif scale is not None:
-                    wide = scale_unit(unit, scale[kept_index(grid.index(k), unit.ndim, storage_axes)], scratch)
-                else:
-                    wide = scale_unit(unit, float(task.scale), scratch)  # type: ignore[arg-type]
-                if measure_after:
-                    results.append(after.reduce(unit, scratch, storage_axes, wide, extremes=False))
-            done = False
-            if writer is not None and job.name in written and writer.parallel_safe(job.name):
-                writer.write_flat(job.name, job.start, data)
-                done = True
-            return data, results, changed, done
-
-        def finish(job: Job, outcome: tuple[np.ndarray, list[tuple], int, bool]) -> None:
-            data, results, changed, done = outcome
-            grid, storage_axes = layouts[job.name]
-            after = result.after[job.name]
-            target = storage_view(after.sum_of_squares, reader.tensors[job.name]) \
-                if after.axes is not None else None
-            for k, unit_result in zip(range(job.first, job.stop), results):
-                at = grid.index(k) if storage_axes is not None else ()
-                after.add_unit(unit_result, at, target, storage_axes)
-            if not measure_after:
-                after.count += job.end - job.start
-            result.changed[job.name] += changed
-            if writer is not None and job.name in written and not done:
-                writer.write_flat(job.name, job.start, data)
-            result.bytes_read += data.nbytes
-            advance(data.nbytes)
-
-        runner.run(jobs(), prepare, work_on, finish,
-                   lambda job: (job.end - job.start) * reader.tensors[job.name].dtype.itemsize)
-    if progress is not None:
-        progress(max(0, size - counted))
+def _copy(reader: TensorReader, writer: TensorWriter | None, name: str, written: set[str]) -> int:
+    """A tensor without work, copied as it is (byte for byte where the formats allow)."""
+    if writer is not None and name in written:
+        writer.copy_tensor(reader, name)
+    return reader.tensors[name].nbytes

@@ -9,22 +9,18 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
+from ..core.kernels import Scratch
 from ..core.stats import TensorStats
 from ..errors import TclipError
 from ..formats import TensorInfo, TensorReader, open_reader
-from .budget import BlockRunner, Budget, Job, tensor_jobs
-from .passes import HeldTensors, storage_layout, storage_view
+from .budget import Budget
+from .passes import Block, HeldTensors, Progress, run_pass, tensor_walk
 from .selection import Selection, TensorEntry, select
-
-
-Progress = Callable[[int], None]
 
 
 @dataclass
@@ -78,7 +74,7 @@ def file_statistics(source: Path | str | TensorReader, *, selection: Selection |
         axes: reduce per slice along these axes (tensors whose rank cannot take
             them are skipped, or with ``whole_if_rank_skip`` reduced as a whole).
         track_l1, track_moments: also the L1 norm / mean, zeros and histogram.
-        budget: memory and threads (:class:`tclip.engine.Budget`).
+        budget: memory and threads (:class:`tclip.work.budget.Budget`).
         progress: called with byte counts; one pass advances it by the file's size.
 
     Returns:
@@ -104,50 +100,20 @@ def _statistics(reader: TensorReader, selection: Selection, axes: object, track_
     size = os.stat(path).st_size
     result = FileStats(str(path), reader.format_name, size, entries, stats, list(reader.others),
                        dict(reader.metadata))
-    itemsize = max((reader.tensors[n].dtype.itemsize for n in to_read), default=4)
-    layouts = {name: storage_layout(reader.tensors[name], a) for name, a in to_read.items()}
-    with BlockRunner(budget, itemsize) as runner:
-        def jobs() -> Iterator[Job]:
-            for name in to_read:
-                yield from tensor_jobs(name, layouts[name][0], reader.tensors[name].dtype.itemsize,
-                                       runner.block_bytes, reader.align(name))
+    walks = [tensor_walk(reader, name, axes=stats[name].axes) for name in to_read]
 
-        def read(job: Job, buffer: np.ndarray) -> np.ndarray:
-            return reader.read_flat(job.name, job.start, job.end, buffer)
+    def work(block: Block, scratch: Scratch) -> list[tuple]:
+        tensor_stats, walk = stats[block.walk.name], block.walk
+        return [tensor_stats.reduce(unit, scratch, walk.axes) for _, (unit,) in block.units()]
 
-        def prepare(job: Job, buffer: np.ndarray) -> np.ndarray | None:
-            return None if reader.parallel_safe(job.name) else read(job, buffer)
+    def merge(block: Block, results: list[tuple]) -> None:
+        walk = block.walk
+        tensor_stats = stats[walk.name]
+        target = walk.view(tensor_stats.sum_of_squares) if tensor_stats.axes is not None else None
+        for k, unit_result in zip(range(block.first, block.stop), results):
+            tensor_stats.add_unit(unit_result, walk.grid.index(k) if walk.axes is not None else (), target,
+                                  walk.axes)
 
-        def work(job: Job, buffer: np.ndarray) -> tuple[np.ndarray, list[tuple]]:
-            data = job.data if job.data is not None else read(job, buffer)
-            grid, storage_axes = layouts[job.name]
-            tensor_stats = stats[job.name]
-            scratch = runner.scratch()
-            results = []
-            for k in range(job.first, job.stop):
-                lo, hi = grid.bounds(k)
-                unit = data[lo - job.start:hi - job.start].reshape(grid.unit_shape(k))
-                results.append(tensor_stats.reduce(unit, scratch, storage_axes))
-            return data, results
-
-        def finish(job: Job, outcome: tuple[np.ndarray, list[tuple]]) -> None:
-            data, results = outcome
-            grid, storage_axes = layouts[job.name]
-            tensor_stats = stats[job.name]
-            target = storage_view(tensor_stats.sum_of_squares, reader.tensors[job.name]) \
-                if tensor_stats.axes is not None else None
-            for k, unit_result in zip(range(job.first, job.stop), results):
-                at = grid.index(k) if storage_axes is not None else ()
-                tensor_stats.add_unit(unit_result, at, target, storage_axes)
-            if held is not None and job.start == 0 and job.end == reader.tensors[job.name].size:
-                held.offer(job.name, data)
-            result.bytes_read += data.nbytes
-            if progress is not None:
-                progress(data.nbytes)
-
-        runner.run(jobs(), prepare, work, finish,
-                   lambda job: (job.end - job.start) * reader.tensors[job.name].dtype.itemsize)
-    if progress is not None:
-        progress(max(0, size - result.bytes_read))  # a pass advances by the file's size
+    result.bytes_read = run_pass(walks, budget, work, merge, keep=held, progress=progress, total=size)
     result.elapsed_s = time.perf_counter() - started
     return result
