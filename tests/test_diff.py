@@ -165,7 +165,7 @@ def test_unreadable_file_is_exit_1(tmp_path):
 
 
 def test_cosine_column_never_rounds_a_difference_to_one():
-    from tclip.render_diff import _cosine
+    from tclip.cli.render.diff import _cosine
 
     assert _cosine(1.0) == "1"
     assert _cosine(0.9999999952226214) == "0.999999995"

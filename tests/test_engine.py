@@ -275,7 +275,7 @@ def test_start_up_imports_no_numpy_rich_or_format_library(args):
         args = []
     code = ("import sys, json\n"
             f"sys.argv = ['tclip', *{args!r}]\n"
-            "from tclip._entry import main\n"
+            "from tclip.cli.entry import main\n"
             "try:\n    main()\nexcept SystemExit:\n    pass\n"
             "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'numpy', 'rich', 'h5py', 'safetensors', "
             "'ml_dtypes', 'hdf5plugin'})\n"

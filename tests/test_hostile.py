@@ -290,7 +290,7 @@ def test_full_disk_during_an_npz_rewrite_is_one_line(tmp_path, deflated):
         "def full(*a, **k): raise OSError(errno.ENOSPC, 'No space left on device')\n"
         "os.pwrite = full\nzipfile._ZipWriteFile.write = full\n"
         f"sys.argv = ['tclip', 'norm', '--clip', '1', '--in-place', {str(path)!r}]\n"
-        "from tclip._entry import main\nmain()\n")
+        "from tclip.cli.entry import main\nmain()\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()

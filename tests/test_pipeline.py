@@ -14,7 +14,8 @@ from rich.console import Console
 import tclip
 from tclip.pipeline import ClipOptions, Selection, clip_file, report_file
 from tclip.core.modes import AverageNormClip, GlobalNormClip, NormClip, ValueClip
-from tclip.render import render_file, shorten_middle
+from tclip.cli.render.report import render_file
+from tclip.cli.render.table import shorten_middle
 
 RNG = np.random.default_rng(11)
 TENSORS = {

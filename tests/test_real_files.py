@@ -148,7 +148,7 @@ def test_blosc_compressed_file_with_hdf5plugin(tmp_path):
                          for i in range(f["w"].id.get_create_plist().get_nfilters())]
     code = ("import sys; sys.modules['hdf5plugin'] = None\n"
             f"sys.argv = ['tclip', 'norm', '--clip', '1', '--dry-run', {str(path)!r}]\n"
-            "from tclip._entry import main\nmain()")
+            "from tclip.cli.entry import main\nmain()")
     env = {k: v for k, v in os.environ.items() if k != "HDF5_PLUGIN_PATH"}
     env["TCLIP_HDF5_PROBE"] = "0"
     missing = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
@@ -306,7 +306,7 @@ def test_the_last_words_on_a_signal_mention_outputs_only_when_there_were_some(tm
     code = (
         "import signal, sys\n"
         "from pathlib import Path\n"
-        "from tclip import runner\n"
+        "from tclip.cli import runner\n"
         "from tclip.interrupt import Terminated\n"
         "from tclip.formats.atomic import AtomicOutput\n"
         "def stopped(**kwargs):\n"
@@ -315,7 +315,7 @@ def test_the_last_words_on_a_signal_mention_outputs_only_when_there_were_some(tm
         "    raise Terminated(signal.SIGTERM)\n"
         "runner.run_report = stopped\n"
         "sys.argv = ['tclip', 'report', 'x.npy']\n"
-        "from tclip._entry import main\n"
+        "from tclip.cli.entry import main\n"
         "main()\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 143

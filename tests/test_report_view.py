@@ -23,7 +23,9 @@ from rich.console import Console
 from tclip.cli import cli
 from tclip.pipeline import ClipOptions, clip_file, report_file
 from tclip.core.modes import NormClip
-from tclip.render import fmt_column, natural_key, render_file, shorten_names
+from tclip.cli.render.report import render_file
+from tclip.cli.render.table import shorten_names
+from tclip.text import fmt_column, natural_key
 
 LLAMA = [f"model.layers.{i}.self_attn.{p}_proj.weight" for i in (2, 10, 17) for p in "qkv"]
 T5 = ["encoder.block.1.layer.0.SelfAttention.q.weight", "encoder.block.11.layer.0.SelfAttention.q.weight",
@@ -305,7 +307,7 @@ def test_broken_pipe_exits_quietly(tmp_path):
 
 def test_ctrl_c_exits_130_without_a_traceback():
     process = subprocess.Popen([sys.executable, "-c", "import time, sys; sys.argv=['tclip', '--help']\n"
-                                "time.sleep(0.3)\nfrom tclip._entry import main\nmain()"],
+                                "time.sleep(0.3)\nfrom tclip.cli.entry import main\nmain()"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=30)
@@ -366,7 +368,7 @@ def test_skipped_tensors_are_named_in_natural_order(tmp_path):
 @pytest.mark.parametrize("width", [40, 60, 80, 120])
 def test_the_rule_under_the_header_spans_the_table(tmp_path, width):
     from tclip.pipeline import file_info
-    from tclip.render import render_info
+    from tclip.cli.render.info import render_info
 
     source = write_st(tmp_path / "g.safetensors", LLAMA, 10.0)
     console = Console(file=io.StringIO(), width=width, color_system=None)

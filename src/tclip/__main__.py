@@ -1,5 +1,5 @@
 """``python -m tclip``."""
 
-from ._entry import main
+from .cli.entry import main
 
 main()

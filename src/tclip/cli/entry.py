@@ -12,11 +12,9 @@ import os
 import signal
 import sys
 
-from . import interrupt
-from .interrupt import Terminated
-
-EXIT_INTERRUPTED = 130
-EXIT_BROKEN_PIPE = 141  # as a process killed by SIGPIPE
+from .. import interrupt
+from ..interrupt import Terminated
+from .exits import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, quiet_stdout
 
 
 def _raise_terminated(signum: int, frame: object) -> None:
@@ -69,7 +67,7 @@ def main() -> None:
                 stream.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
             except (AttributeError, ValueError):
                 pass
-        from .cli import cli
+        from .commands import cli
 
         code = cli.main(prog_name="tclip", standalone_mode=False) or 0
         interrupt.check()  # a stop that was swallowed on the way
@@ -87,7 +85,7 @@ def main() -> None:
             _say(f"Error: terminated by {signal.Signals(stop.signum).name}{removed}")
         code = 128 + stop.signum
     except BrokenPipeError:
-        _quiet_stdout()
+        quiet_stdout()
         code = EXIT_BROKEN_PIPE
     except SystemExit as done:
         code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
@@ -98,7 +96,7 @@ def main() -> None:
     try:
         sys.stdout.flush()
     except BrokenPipeError:
-        _quiet_stdout()
+        quiet_stdout()
         code = code or EXIT_BROKEN_PIPE
     except (OSError, ValueError):
         pass
@@ -122,19 +120,9 @@ def _click_error(error: Exception) -> int:
         error.show()
         return error.exit_code
     if isinstance(error, BrokenPipeError):
-        _quiet_stdout()
+        quiet_stdout()
         return EXIT_BROKEN_PIPE
     if os.environ.get("TCLIP_DEBUG"):
         raise error
     _say(f"Error: internal error: {type(error).__name__}: {error}")
     return 1
-
-
-def _quiet_stdout() -> None:
-    # Nobody reads stdout any more: point it at /dev/null so the final flush is silent.
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-    except (OSError, ValueError):
-        pass

@@ -7,18 +7,9 @@ import math
 from rich.console import Console
 from rich.text import Text
 
-from .work.diff import DiffReport, TensorDiff
-from .render import (
-    Column,
-    fmt_column,
-    human_bytes,
-    lay_out,
-    natural_key,
-    print_lines,
-    safe,
-    short_dtype,
-    symbols_for,
-)
+from ...text import fmt_column, natural_key, safe
+from ...work.diff import DiffReport, TensorDiff
+from .table import Column, human_bytes, lay_out, print_lines, short_dtype, symbols_for
 
 
 def _order(tensors: list[TensorDiff], sort: str) -> list[TensorDiff]:
@@ -115,3 +106,4 @@ def _cosine(value: float | None) -> str:
     while digits < 17 and abs(float(f"{value:.{digits}f}")) == 1.0:
         digits += 1  # 0.9999999952 is not shown as 1.000000
     return f"{value:.{digits}f}"
+

@@ -1,7 +1,7 @@
-"""The ``tclip`` command line: parse, call one library function per file, render.
+"""The ``tclip`` commands: parse, call one library function per file, render.
 
-Every command is a thin client of :mod:`tclip.pipeline` (and :mod:`tclip.diff`,
-:mod:`tclip.tensorset`); errors from the library
+Every command is a thin client of :mod:`tclip.work` (through :mod:`tclip.cli.runner`);
+errors from the library
 (:class:`~tclip.errors.TclipError`) become one ``Error: <file>: <what>`` line on
 stderr, and the other files still run.
 
@@ -12,140 +12,26 @@ stay fast.
 
 from __future__ import annotations
 
-import functools
 import glob
-import math
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
-from ._version import __version__
-
-# --------------------------------------------------------------------------- parameter types
-
-
-class FiniteFloat(click.ParamType):
-    """A float that is not NaN; ``positive`` also requires > 0 (``inf`` allowed)."""
-
-    name = "float"
-
-    def __init__(self, positive: bool = False, allow_inf: bool = True) -> None:
-        self.positive = positive
-        self.allow_inf = allow_inf
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
-        if isinstance(value, float):
-            number = value
-        else:
-            try:
-                number = float(value)
-            except (TypeError, ValueError):
-                self.fail(f"{value!r} is not a number", param, ctx)
-        if math.isnan(number):
-            self.fail("NaN is not allowed", param, ctx)
-        if math.isinf(number) and not self.allow_inf:
-            self.fail("must be finite", param, ctx)
-        if self.positive and number <= 0:
-            self.fail(f"must be > 0, got {value}", param, ctx)
-        return number
-
-
-class AxesType(click.ParamType):
-    """Axes as comma-separated integers: ``1``, ``-1``, ``0,1``."""
-
-    name = "axes"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[int, ...]:
-        if isinstance(value, tuple):
-            return value
-        parts = [p.strip() for p in str(value).split(",")]
-        try:
-            axes = tuple(int(p) for p in parts)
-        except ValueError:
-            self.fail(f"{value!r} is not a comma-separated list of integers (e.g. 1, -1, 0,1)", param, ctx)
-        if len(set(axes)) != len(axes):
-            self.fail(f"{value!r} repeats an axis", param, ctx)
-        return axes
-
-
-class SizeType(click.ParamType):
-    """A byte size: ``256M``, ``1G``, ``512MiB``, ``1.5GB``, or a plain number of bytes."""
-
-    name = "size"
-    _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
-        if isinstance(value, int):
-            return value
-        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kKmMgGtT]?)(i?[bB])?\s*", str(value))
-        if not match:
-            self.fail(f"{value!r} is not a size (e.g. 256M, 1G)", param, ctx)
-        size = int(float(match[1]) * self._UNITS[match[2].lower()])
-        if size < 16 << 20:
-            self.fail(f"{value!r} is below the minimum of 16M", param, ctx)
-        return size
-
-
-POSITIVE = FiniteFloat(positive=True)
-BOUND = FiniteFloat()  # -inf/inf allowed: a one-sided clip
-FILES = click.Path(dir_okay=True, file_okay=True)  # completes file names; globs are expanded by tclip
-
-# --------------------------------------------------------------------------- shared options
-
-
-def file_arguments(f: Callable) -> Callable:
-    f = click.option("-r", "--recursive", is_flag=True, help="Descend into directories (and ** in globs).")(f)
-    return click.argument("files", nargs=-1, required=True, metavar="FILE...", type=FILES)(f)
-
-
-def engine_options(f: Callable) -> Callable:
-    f = click.option("--memory", type=SizeType(), default="256M", show_default=True,
-                     help="Working-set budget: block buffers and per-slice statistics (e.g. 64M, 2G).")(f)
-    return click.option("--threads", type=click.IntRange(min=1), default=None,
-                        help="Threads for statistics and scaling [default: the machine's cores].")(f)
-
-
-def selection_options(f: Callable, verb: str = "Clip") -> Callable:
-    if isinstance(f, str):  # @selection_options("Report"): the verb for the help text
-        return functools.partial(selection_options, verb=f)  # type: ignore[return-value]
-    f = click.option("--exclude", multiple=True, metavar="GLOB",
-                     help="Leave tensors whose names match (repeatable).")(f)
-    return click.option("--include", multiple=True, metavar="GLOB",
-                        help=f"{verb} only tensors whose names match (repeatable; a leading / is ignored).")(f)
-
-
-def output_options(f: Callable) -> Callable:
-    for decorator in reversed([
-        click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
-                     help="Output file (one input only); its suffix picks the format, so it also converts."),
-        click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path),
-                     help="Write outputs into this directory (created if missing), under the inputs' names."),
-        click.option("--in-place", is_flag=True, help="Replace each input atomically."),
-        click.option("--force", is_flag=True, help="Replace an existing output."),
-        click.option("--dry-run", is_flag=True, help="Compute and report, write nothing."),
-        click.option("--nonfinite", type=click.Choice(["error", "propagate"]), default="error", show_default=True,
-                     help="NaN/Inf in selected tensors: refuse the file, or clip as TensorFlow does."),
-        click.option("--drop-nonnumeric", is_flag=True,
-                     help="Converting: drop what the output format cannot hold (strings, metadata) with a warning."),
-        click.option("--across-files", is_flag=True,
-                     help="Treat all FILEs as one tensor set (one global norm); names must not repeat."),
-        click.option("--dask", "dask_address", metavar="ADDRESS", default=None,
-                     help="Run the per-file tasks on a dask.distributed scheduler (tcp://host:8786)."),
-        click.option("--fail-fast", is_flag=True, help="Stop at the first file that fails."),
-    ]):
-        f = decorator(f)
-    return selection_options(engine_options(f))
-
-
-def display_options(f: Callable) -> Callable:
-    f = click.option("--color", type=click.Choice(["auto", "always", "never"]), default="auto", show_default=True,
-                     help="Colour in tables.")(f)
-    f = click.option("-q", "--quiet", is_flag=True, help="Print errors and failed checks only.")(f)
-    return click.option("--json", "as_json", is_flag=True, help="JSON Lines on stdout, one object per file.")(f)
-
+from .._version import __version__
+from .params import (
+    BOUND,
+    FILES,
+    POSITIVE,
+    AxesType,
+    FiniteFloat,
+    display_options,
+    engine_options,
+    file_arguments,
+    output_options,
+    selection_options,
+)
 
 # --------------------------------------------------------------------------- commands
 
@@ -183,9 +69,14 @@ def _check_outputs(output: Path | None, out_dir: Path | None, in_place: bool, fi
         raise click.UsageError("--in-place cannot be combined with -o/--output or --out-dir")
     if output is not None and out_dir is not None:
         raise click.UsageError("-o/--output and --out-dir cannot be combined")
-    if output is not None and output.suffix.lower() not in (".npy", ".npz", ".safetensors", ".h5", ".hdf5"):
-        raise click.BadParameter("the suffix must be .npy, .npz, .safetensors, .h5 or .hdf5",
-                                 param_hint="'-o/--output'")
+    if output is not None:
+        from ..formats.registry import (  # the formats know their suffixes; NumPy only now
+            suffix_list,
+            suffixes,
+        )
+
+        if output.suffix.lower() not in suffixes():
+            raise click.BadParameter(f"the suffix must be {suffix_list()}", param_hint="'-o/--output'")
     if out_dir is not None and out_dir.exists() and not out_dir.is_dir():
         raise click.BadParameter(f"'{out_dir}' exists and is not a directory", param_hint="'--out-dir'")
 
@@ -211,7 +102,7 @@ def value_command(ctx: click.Context, minimum: float, maximum: float, **kwargs: 
     _check_outputs(kwargs["output"], kwargs["out_dir"], kwargs["in_place"], kwargs["files"])
 
     def mode() -> Any:
-        from .core.modes import ValueClip
+        from ..core.modes import ValueClip
 
         return ValueClip(minimum, maximum)
 
@@ -242,7 +133,7 @@ def norm_command(ctx: click.Context, clip_norm: float, axes: tuple[int, ...] | N
     _check_outputs(kwargs["output"], kwargs["out_dir"], kwargs["in_place"], kwargs["files"])
 
     def mode() -> Any:
-        from .core.modes import NormClip
+        from ..core.modes import NormClip
 
         return NormClip(clip_norm, axes)
 
@@ -266,7 +157,7 @@ def average_command(ctx: click.Context, clip_norm: float, **kwargs: Any) -> None
     _check_outputs(kwargs["output"], kwargs["out_dir"], kwargs["in_place"], kwargs["files"])
 
     def mode() -> Any:
-        from .core.modes import AverageNormClip
+        from ..core.modes import AverageNormClip
 
         return AverageNormClip(clip_norm)
 
@@ -296,7 +187,7 @@ def global_command(ctx: click.Context, clip_norm: float, use_norm: float | None,
     _check_outputs(kwargs["output"], kwargs["out_dir"], kwargs["in_place"], kwargs["files"])
 
     def mode() -> Any:
-        from .core.modes import GlobalNormClip
+        from ..core.modes import GlobalNormClip
 
         return GlobalNormClip(clip_norm, use_norm)
 
@@ -390,14 +281,4 @@ def diff_command(ctx: click.Context, **kwargs: Any) -> None:
 
     ctx.exit(run_diff(**kwargs))
 
-
-def main() -> None:
-    """Console entry point (kept for ``python -m tclip.cli``); see :mod:`tclip._entry`."""
-    from ._entry import main as entry
-
-    entry()
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main()
 

@@ -15,11 +15,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from .errors import TclipError
-from .text import safe
+from ..errors import TclipError
+from ..text import safe
+from .exits import EXIT_BROKEN_PIPE, EXIT_CHECK_FAILED, EXIT_FAILED, quiet_stdout
 
-EXIT_FAILED = 1
-EXIT_CHECK_FAILED = 3
 # Runs smaller than this take well under a second: no progress bar flashing by.
 PROGRESS_MIN_BYTES = 64 << 20
 UNLIMITED = 1 << 20  # the console width for output that is not a terminal: never cut
@@ -37,9 +36,7 @@ def make_console(stderr: bool, color: str) -> tuple[Any, int | None]:
     class _Console(Console):
         def on_broken_pipe(self) -> None:
             # Nobody reads any more (`| head`): stop quietly, as a process killed by SIGPIPE would.
-            from ._entry import EXIT_BROKEN_PIPE, _quiet_stdout
-
-            _quiet_stdout()
+            quiet_stdout()
             raise SystemExit(EXIT_BROKEN_PIPE)
 
     stream = sys.stderr if stderr else sys.stdout
@@ -116,7 +113,7 @@ class Runner:
         sys.stdout.flush()
 
     def expand(self, items: tuple[str, ...], recursive: bool) -> list[tuple[str, Path | None]]:
-        from .work.inputs import expand_files
+        from ..work.inputs import expand_files
 
         return list(expand_files(items, recursive))
 
@@ -180,7 +177,7 @@ class Runner:
 
     def finish(self) -> int:
         if not self.as_json and not self.quiet and self.ok + len(self.failed) > 1:
-            from .render import render_summary
+            from .render.report import render_summary
 
             render_summary(self.ok, self.failed, self.out)
         if self.failed:
@@ -206,11 +203,11 @@ def run_clip(mode: Any, *, files: tuple[str, ...], recursive: bool, output: Path
              nonfinite: str, fail_fast: bool, as_json: bool, quiet: bool, color: str, threads: int | None,
              memory: int, drop_nonnumeric: bool, across_files: bool, dask_address: str | None,
              strict: bool = False) -> int:
-    from .formats.sharded import is_index, load_index
-    from .work.clip import clip_file
-    from .work.options import ClipOptions
-    from .work.selection import Selection
-    from .work.sets import clip_set, group_sets
+    from ..formats.sharded import is_index, load_index
+    from ..work.clip import clip_file
+    from ..work.options import ClipOptions
+    from ..work.selection import Selection
+    from ..work.sets import clip_set, group_sets
 
     runner = Runner(as_json, quiet, color, fail_fast)
     created: list[Path] = []  # the folders this run makes, removed again if it writes nothing into them
@@ -240,7 +237,7 @@ def run_clip(mode: Any, *, files: tuple[str, ...], recursive: bool, output: Path
             pass  # reported when it runs
 
     def show(report: Any) -> None:
-        from .render import render_file
+        from .render.report import render_file
 
         render_file(report, runner.out, width=runner.width, sort="name")  # natural order, as report
 
@@ -281,8 +278,8 @@ def _check_run_outputs(inputs: list[tuple[str, Path | None]], options: Any, use_
     """No output of the run is one of its inputs, and no two inputs share an output
     (see :func:`tclip.pipeline.check_outputs`); inputs that cannot be read are left
     to fail on their own turn."""
-    from .work.inputs import check_outputs, output_for
-    from .work.sets import group_sets, planned_outputs
+    from ..work.inputs import check_outputs, output_for
+    from ..work.sets import group_sets, planned_outputs
 
     outputs: dict[Path, Path] = {}
     every: list[Path] = []
@@ -313,12 +310,12 @@ def run_report(*, files: tuple[str, ...], recursive: bool, order: str, axes: tup
                max_norm: float | None, sort: str, top: int | None, stats: bool, summary: bool, across_files: bool,
                include: tuple[str, ...], exclude: tuple[str, ...], as_json: bool, quiet: bool, color: str,
                threads: int | None, memory: int) -> int:
-    from .formats.sharded import is_index
-    from .work.budget import Budget
-    from .work.clip import report_file
-    from .work.gate import apply_gate
-    from .work.selection import Selection
-    from .work.sets import group_sets, report_set
+    from ..formats.sharded import is_index
+    from ..work.budget import Budget
+    from ..work.clip import report_file
+    from ..work.gate import apply_gate
+    from ..work.selection import Selection
+    from ..work.sets import group_sets, report_set
 
     runner = Runner(as_json, quiet, color)
     selection = Selection(include, exclude)
@@ -328,7 +325,7 @@ def run_report(*, files: tuple[str, ...], recursive: bool, order: str, axes: tup
     reports = []
 
     def show(report: Any) -> None:
-        from .render import render_file
+        from .render.report import render_file
 
         render_file(report, runner.out, width=runner.width, sort=sort, top=top, stats=stats)
 
@@ -361,8 +358,8 @@ def run_report(*, files: tuple[str, ...], recursive: bool, order: str, axes: tup
             else:
                 runner.done(name, report, show)
     if summary:
-        from .summary import render_across_files
-        from .work.summary import summary_json
+        from ..work.summary import summary_json
+        from .render.summary import render_across_files
 
         if as_json:
             for item in summary_json(reports):
@@ -377,20 +374,20 @@ def run_report(*, files: tuple[str, ...], recursive: bool, order: str, axes: tup
 
 
 def run_info(*, files: tuple[str, ...], recursive: bool, sort: str, as_json: bool, quiet: bool, color: str) -> int:
-    from .work.clip import file_info
+    from ..work.clip import file_info
 
     runner = Runner(as_json, quiet, color)
     for name, path in runner.expand(files, recursive):
         if path is None:
             runner.error(name, f"{name}: no tensor files match")
             continue
-        from .formats.sharded import is_index
-        from .work.sets import index_info
+        from ..formats.sharded import is_index
+        from ..work.sets import index_info
 
         work = (lambda p=path: index_info(p)) if is_index(path) else (lambda p=path: file_info(p))
         result = runner.attempt(name, work)
         if result is not None:
-            from .render import render_info
+            from .render.info import render_info
 
             runner.done(name, result, lambda info: render_info(info, runner.out, width=runner.width, sort=sort))
     return runner.finish()
@@ -402,10 +399,10 @@ def run_info(*, files: tuple[str, ...], recursive: bool, sort: str, as_json: boo
 def run_diff(*, a: str, b: str, rtol: float, atol: float, mapping: tuple[str, ...], sort: str, top: int | None,
              include: tuple[str, ...], exclude: tuple[str, ...], as_json: bool, quiet: bool, color: str,
              threads: int | None, memory: int) -> int:
-    from .work.diff import diff_files, parse_mapping
-    from .work.inputs import diff_input
-    from .work.selection import Selection
-    from .render_diff import render_diff
+    from ..work.diff import diff_files, parse_mapping
+    from ..work.inputs import diff_input
+    from ..work.selection import Selection
+    from .render.diff import render_diff
 
     runner = Runner(as_json, quiet, color)
     try:

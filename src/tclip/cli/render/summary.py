@@ -14,18 +14,11 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from .render import (
-    Column,
-    fmt_column,
-    lay_out,
-    print_lines,
-    safe,
-    shorten_names,
-    sparkline,
-    symbols_for,
-)
-from .work.results import FileReport
-from .work.summary import TOP_CHANGES, changes, in_natural_order, largest_tensor
+from ...text import fmt_column, safe
+from ...work.results import FileReport
+from ...work.summary import TOP_CHANGES, changes, in_natural_order, largest_tensor
+from .table import Column, lay_out, print_lines, shorten_names, sparkline, symbols_for
+
 
 def render_across_files(reports: list[FileReport], console: Console, width: int | None) -> None:
     symbols = symbols_for(console)
@@ -104,3 +97,4 @@ def _ratio(change: dict[str, Any], times: str) -> str:
             return "from 0"
         return "NaN/Inf gone" if not math.isfinite(change["norm_before"]) else "nan"
     return f"{times}{ratio:.3g}"
+

@@ -1,0 +1,5 @@
+"""``python -m tclip.cli``, as ``python -m tclip``."""
+
+from .entry import main
+
+main()

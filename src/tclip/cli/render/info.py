@@ -1,0 +1,91 @@
+"""``tclip info`` for people: names, shapes, dtypes and sizes from the header, then metadata."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from rich.console import Console
+from rich.text import Text
+
+from ...text import natural_key, safe, show_value
+from ...work.results import InfoReport
+from .table import (
+    GAP,
+    MIN_NAME_WIDTH,
+    Column,
+    Symbols,
+    human_bytes,
+    lay_out,
+    print_lines,
+    short_dtype,
+    shorten_names,
+    symbols_for,
+)
+
+# Above this many rows a table is written as plain text in one go: styling each cell of
+# a header that lists a million tensors took minutes.
+PLAIN_ROWS = 5000
+
+
+def _plain_info_table(tensors: list[Any], width: int | None, symbols: Symbols) -> list[str]:
+    shapes = [symbols.times.join(map(str, t.shape)) or "()" for t in tensors]
+    params = [f"{math.prod(t.shape):,}" for t in tensors]
+    sizes = [human_bytes(t.nbytes) for t in tensors]
+    widths = [max(len(h), max(map(len, col), default=0)) for h, col in
+              (("shape", shapes), ("dtype", [t.dtype for t in tensors]), ("params", params), ("bytes", sizes))]
+    room = None if width is None else max(MIN_NAME_WIDTH, width - sum(widths) - GAP * 4)
+    shown = shorten_names([t.name for t in tensors], room, symbols.ellipsis)
+    name_width = max([6] + [len(v) for v in shown.values()])
+    sep = " " * GAP
+    lines = [f"{'tensor'.ljust(name_width)}{sep}{'shape'.ljust(widths[0])}{sep}{'dtype'.ljust(widths[1])}{sep}"
+             f"{'params'.rjust(widths[2])}{sep}{'bytes'.rjust(widths[3])}"]
+    lines.append(symbols.rule * len(lines[0]))
+    for t, shape, count, size in zip(tensors, shapes, params, sizes):
+        lines.append(f"{safe(shown[t.name]).ljust(name_width)}{sep}{shape.ljust(widths[0])}{sep}"
+                     f"{t.dtype.ljust(widths[1])}{sep}{count.rjust(widths[2])}{sep}{size.rjust(widths[3])}")
+    return lines
+
+
+def render_info(info: InfoReport, console: Console, *, width: int | None = -1, sort: str = "order") -> None:
+    symbols = symbols_for(console)
+    fit = console.width if width == -1 else width
+    title = Text(safe(info.file), style="bold")
+    title.append(f"  ({info.format}, {human_bytes(info.size_bytes)})")
+    tensors = info.tensors if sort != "name" else sorted(info.tensors, key=lambda t: natural_key(t.name))
+    if len(tensors) > PLAIN_ROWS:
+        print_lines(console, [title])
+        console.file.write("\n".join(_plain_info_table(tensors, fit, symbols)) + "\n")
+        console.file.flush()
+        tensors = []
+    columns = [
+        Column("shape", "shape", [Text(symbols.times.join(map(str, t.shape)) or "()") for t in tensors], drop=2),
+        Column("dtype", "dtype", [Text(t.dtype) for t in tensors], short_cells=[Text(short_dtype(t.dtype))
+                                                                               for t in tensors], drop=3),
+        Column("params", "params", [Text(f"{math.prod(t.shape):,}") for t in tensors], "right", drop=1),
+        Column("bytes", "bytes", [Text(human_bytes(t.nbytes)) for t in tensors], "right", drop=0),
+    ]
+    lines = [] if not tensors else [title] + lay_out([t.name for t in tensors], columns, fit, symbols)
+    counts = info.params_by_dtype()
+    total = sum(counts.values())
+    noun = "tensor" if len(info.tensors) == 1 else "tensors"
+    lines.append(Text(f"{len(info.tensors)} {noun}, {total:,} parameters: "
+                      + ", ".join(f"{dtype} {n:,}" for dtype, n in counts.items()), style="bold"))
+    refused = [t for t in info.tensors if t.refused]
+    for t in refused:
+        lines.append(Text(f"not read: {safe(t.name)}: {safe(t.refused)}", style="dim"))
+    if info.others:
+        lines.append(Text("not tensors", style="bold"))
+        for o in info.others:
+            shape = symbols.times.join(map(str, o.shape)) if o.shape else ""
+            text = f"  {safe(o.name)}  {safe(o.kind)}  {shape} {safe(o.dtype)}  ({safe(o.reason)})"
+            lines.append(Text(text.rstrip()))
+    if info.metadata:
+        lines.append(Text("metadata", style="bold"))
+        key_width = min(40, max(len(safe(k)) for k in info.metadata))
+        for key, value in info.metadata.items():
+            line = Text(safe(key).ljust(key_width), style="cyan")
+            line.append("  " + show_value(value))
+            lines.append(line)
+    print_lines(console, lines)
+    console.print()

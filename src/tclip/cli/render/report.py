@@ -1,0 +1,276 @@
+"""The report of one file (or tensor set) for people: a table per file, skip reasons,
+slices, a summary line; and the line a run of several files ends with."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from rich.console import Console
+from rich.text import Text
+
+from ...text import fmt_column, fmt_number, natural_key, safe
+from ...work.results import FileReport, TensorReport, slice_label
+from .table import (
+    UNICODE,
+    Column,
+    Symbols,
+    human_bytes,
+    lay_out,
+    norm_bar,
+    print_lines,
+    short_dtype,
+    sparkline,
+    symbols_for,
+)
+
+
+def _threshold(report: FileReport) -> float | None:
+    if report.mode == "report":
+        limit = report.params.get("max_norm")
+        return float(limit) if isinstance(limit, (int, float)) else None
+    clip = report.params.get("clip")
+    return float(clip) if isinstance(clip, (int, float)) else None
+
+
+def _compared_norm(t: TensorReport, report: FileReport) -> float | None:
+    """The norm the limit applies to: the largest slice's, the average, or the tensor's."""
+    if t.max_slice_norm is not None:
+        return t.max_slice_norm
+    if report.mode == "average" and t.norm is not None and t.numel:
+        return t.norm / t.numel
+    return t.norm
+
+
+def _scale_text(t: TensorReport, report: FileReport, symbols: Symbols) -> Text:
+    if report.mode == "value":
+        return Text(f"{t.changed or 0}", style="bold red" if t.changed else "dim")
+    if not t.clipped or t.scale is None:
+        return Text(symbols.dash, style="dim")
+    detail = f"{symbols.times}{t.scale:.3g}"
+    if t.slices_clipped is not None:
+        detail += f" {t.slices_clipped}/{t.slices}"
+    return Text(detail, style="bold red")
+
+
+def order_tensors(tensors: list[TensorReport], sort: str) -> list[TensorReport]:
+    if sort == "name":
+        return sorted(tensors, key=lambda t: natural_key(t.name))
+    if sort == "norm":
+        def key(t: TensorReport) -> tuple[int, float]:
+            if t.norm is None:
+                return (2, 0.0)
+            if math.isnan(t.norm) or t.nonfinite:
+                return (0, 0.0)
+            return (1, -t.norm)
+        return sorted(tensors, key=key)
+    return list(tensors)
+
+
+def file_lines(report: FileReport, width: int | None, symbols: Symbols = UNICODE, *, sort: str = "order",
+               top: int | None = None, stats: bool = False) -> tuple[list[Text], int]:
+    """The per-tensor table as lines, fitted to ``width``; and how many tensors ``top`` left out."""
+    threshold = _threshold(report)
+    slice_mode = any(t.max_slice_norm is not None for t in report.tensors)
+    reading = report.mode == "report"
+    tensors = order_tensors(report.tensors, sort)
+    left_out = 0
+    if top is not None:
+        ranked = order_tensors([t for t in tensors if t.skipped is None or t.norm is not None], "norm")[:top]
+        keep = {id(t) for t in ranked}
+        left_out = len(tensors) - len(keep)
+        tensors = [t for t in tensors if id(t) in keep]
+    dash = symbols.dash
+    names = [t.name for t in tensors]
+    shapes = [Text(symbols.times.join(map(str, t.shape)) or "()") for t in tensors]
+    measured = [t.norm is not None for t in tensors]
+
+    def numbers(values: list[float | None]) -> list[Text]:
+        texts = fmt_column([v if m else None for v, m in zip(values, measured)], dash)
+        return [Text(x if m else "", style=None) for x, m in zip(texts, measured)]
+
+    reading_order = report.mode == "report"
+    columns = [Column("shape", "shape", shapes, drop=3 if reading_order else 1),
+               Column("dtype", "dtype", [Text(t.dtype) for t in tensors], drop=5 if reading_order else 2,
+                      short_cells=[Text(short_dtype(t.dtype)) for t in tensors])]
+    if reading:
+        label = {"2": "L2 norm", "1": "L1 norm", "inf": "max |x|"}.get(report.ord, "norm")
+        norm_cells = numbers([t.norm for t in tensors])
+        for cell, t in zip(norm_cells, tensors):
+            if t.norm is None and t.skipped:
+                cell.append("skipped", style="dim")
+        columns.append(Column("norm", label, norm_cells, "right"))
+        if slice_mode:
+            columns.append(Column("max_slice", "max slice", numbers([t.max_slice_norm for t in tensors]), "right"))
+            columns.append(Column("min_slice", "min slice", numbers([t.min_slice_norm for t in tensors]), "right",
+                                  drop=2))
+        if stats:
+            columns.append(Column("min", "min", numbers([t.min for t in tensors]), "right", drop=4))
+            columns.append(Column("max", "max", numbers([t.max for t in tensors]), "right", drop=4))
+            columns.append(Column("mean", "mean", numbers([t.mean for t in tensors]), "right", drop=4))
+            columns.append(Column("std", "std", numbers([t.std for t in tensors]), "right", drop=4))
+            zeros = [Text(f"{100 * t.zeros / t.numel:.1f}%" if t.zeros is not None and t.numel else "")
+                     for t in tensors]
+            columns.append(Column("zeros", "zeros", zeros, "right", drop=4))
+            hist = [Text(sparkline(t.histogram[1], symbols) if t.histogram and t.histogram[1] else "", style="cyan")
+                    for t in tensors]
+            columns.append(Column("hist", "log2 |x|", hist, drop=1))
+    else:
+        before = [t.max_slice_norm if slice_mode else _compared_norm(t, report) for t in tensors]
+        after = []
+        for t in tensors:
+            value = t.max_slice_norm_after if slice_mode else t.norm_after
+            if report.mode == "average" and value is not None and t.numel:
+                value = value / t.numel
+            after.append(value)
+        first = numbers(before)
+        for cell, t in zip(first, tensors):
+            if t.skipped is not None and t.norm is None:
+                cell.append("skipped", style="dim")
+        columns.append(Column("before", "max slice" if slice_mode else "average" if report.mode == "average"
+                              else "norm", first, "right"))
+        columns.append(Column("after", "after", numbers(after), "right", drop=3))
+        columns.append(Column("scale", "changed" if report.mode == "value" else "scale",
+                              [_scale_text(t, report, symbols) if m else Text("") for t, m in zip(tensors, measured)],
+                              "right", drop=4))
+    nonfinite = [Text(f"{t.nan}/{t.inf}", style="bold magenta") if t.nonfinite else
+                 Text("0" if m else "", style="dim") for t, m in zip(tensors, measured)]
+    columns.append(Column("nonfinite", "NaN/Inf", nonfinite, "right"))
+
+    bar_reference = threshold
+    if reading and threshold is None:
+        norms = [t.norm for t in tensors if t.norm is not None and math.isfinite(t.norm)]
+        bar_reference = max(norms, default=0.0) or None
+    bar = None
+    header = ""
+    if bar_reference is not None:
+        header = f"vs {fmt_number(threshold, dash)}" if threshold is not None else "vs max"
+
+        def bar(w: int) -> list[Text]:
+            cells = []
+            for t in tensors:
+                if t.norm is None:
+                    cells.append(Text(""))
+                    continue
+                shown = (t.max_slice_norm if (reading and slice_mode and t.max_slice_norm is not None)
+                         else t.norm if reading else _compared_norm(t, report))
+                cells.append(norm_bar(shown, bar_reference, t.clipped or reading, relative=threshold is None,
+                                      width=w, symbols=symbols))
+            return cells
+    styles = ["dim" if t.skipped and t.norm is None else None for t in tensors]
+    return lay_out(names, columns, width, symbols, bar, header, row_styles=styles), left_out
+
+
+def skipped_lines(report: FileReport, symbols: Symbols = UNICODE) -> list[Text]:
+    """'skipped (reason): name, …' grouped by reason, under the table; then what is not a tensor."""
+    reasons: dict[str, list[str]] = {}
+    skipped = [t for t in report.tensors if t.skipped is not None and t.skipped != "not selected"]
+    for t in sorted(skipped, key=lambda t: natural_key(t.name)):
+        if t.norm is not None and t.skipped.startswith(("rank ", "axes ")):  # the report measured it whole
+            reasons.setdefault(f"no slices: {t.skipped}; measured whole", []).append(t.name)
+        elif t.norm is not None:
+            reasons.setdefault(f"measured, not clipped and not in the global norm ({t.skipped})", []).append(t.name)
+        else:
+            reasons.setdefault(t.skipped, []).append(t.name)
+    for o in report.others:
+        reasons.setdefault(f"not a tensor: {o.kind}", []).append(o.name)
+    lines = []
+    for reason, names in reasons.items():
+        shown = ", ".join(safe(n) for n in names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+        label = safe(reason) if reason.startswith(("no slices", "measured")) else f"skipped ({safe(reason)})"
+        lines.append(Text(f"{label}: {shown}", style="dim"))
+    return lines
+
+
+def slice_lines(report: FileReport) -> list[Text]:
+    """Per tensor with slices: the largest (clipped or over the limit) by index, the smallest, dead ones."""
+    limit = report.params.get("max_norm") if report.mode == "report" else report.params.get("clip")
+    lines = []
+    for t in report.tensors:
+        if not t.worst_slices or t.slices is None:
+            continue
+        axes = report.params.get("axes")
+        label = slice_label(t.shape, tuple(a % len(t.shape) for a in axes) if axes and t.shape else None)
+        plural = label + "s"
+        flagged = [s for s in t.worst_slices
+                   if s.get("clipped") or (isinstance(limit, (int, float)) and s["norm"] > limit)]
+        parts = []
+        if flagged:
+            indices = ", ".join(_slice_index(s["index"]) for s in flagged)
+            verb = "clipped" if report.mode != "report" else f"above {fmt_number(limit)}"
+            parts.append(f"{plural} {indices} {verb}")
+        if t.min_slice_norm is not None:
+            parts.append(f"smallest {label} norm {fmt_number(t.min_slice_norm)}")
+        if t.near_zero_slices:
+            parts.append(f"{t.near_zero_slices} of {t.slices} {plural} near zero")
+        if flagged or t.near_zero_slices:
+            lines.append(Text(f"{safe(t.name)}: " + "; ".join(parts), style="dim"))
+    return lines
+
+
+def _slice_index(index: list[int]) -> str:
+    return str(index[0]) if len(index) == 1 else "(" + ", ".join(map(str, index)) + ")"
+
+
+def file_summary(report: FileReport, symbols: Symbols = UNICODE) -> list[Text]:
+    text = Text()
+    if report.global_norm is not None:
+        label = "global norm" if report.ord == "2" else {"1": "global L1", "inf": "global max |x|"}[report.ord]
+        text.append(f"{label} {fmt_number(report.global_norm)}", style="bold")
+        if report.global_norm_after is not None and report.mode != "report":
+            text.append(f" {symbols.arrow} {fmt_number(report.global_norm_after)}", style="bold")
+    parts = []
+    if report.mode != "report":
+        parts.append(f"{report.clipped_count} clipped")
+    parts.append(f"{report.skipped_count} skipped")
+    if report.nonfinite_tensors:
+        parts.append(f"{len(report.nonfinite_tensors)} with NaN/Inf")
+    sep = f"  {symbols.dot}  "
+    text.append(sep + sep.join(parts))
+    parts = [f"{human_bytes(report.bytes_read)} read"]
+    if report.bytes_written:
+        parts.append(f"{human_bytes(report.bytes_written)} written")
+    parts.append(f"{report.elapsed_s:.3f} s")
+    if report.elapsed_s > 0 and report.bytes_read:
+        parts.append(f"{human_bytes(report.bytes_read / report.elapsed_s)}/s")
+    return [text, Text(sep.join(parts), style="dim")]
+
+
+def file_title(report: FileReport, symbols: Symbols = UNICODE) -> Text:
+    """'input → output' on one line; paths are never folded, so they can be copied."""
+    title = Text(safe(report.file), style="bold")
+    if report.output:
+        title.append(f" {symbols.arrow} {safe(report.output)}")
+    elif report.dry_run:
+        would = report.would_write
+        if would:
+            exists = " (exists: --force replaces it)" if report.output_exists else ""
+            title.append(f"  (dry run: would write {safe(would)}{exists}; nothing written)", style="italic")
+        else:
+            title.append("  (dry run: nothing written)", style="italic")
+    return title
+
+
+def render_file(report: FileReport, console: Console, *, width: int | None = -1, sort: str = "order",
+                top: int | None = None, stats: bool = False) -> None:
+    """The report of one file; ``width`` -1: the console's, None: unlimited."""
+    symbols = symbols_for(console)
+    fit = console.width if width == -1 else width
+    lines = [file_title(report, symbols)]
+    table, left_out = file_lines(report, fit, symbols, sort=sort, top=top, stats=stats)
+    lines += table
+    if left_out:
+        lines.append(Text(f"{left_out} more tensor(s) not shown (--top {top})", style="dim"))
+    lines += skipped_lines(report, symbols)
+    lines += slice_lines(report)
+    lines += file_summary(report, symbols)
+    print_lines(console, lines)
+    console.print()
+
+
+def render_summary(ok: int, failed: Sequence[str], console: Console) -> None:
+    if ok + len(failed) > 1:
+        text = Text(f"{ok + len(failed)} files: {ok} ok", style="bold")
+        if failed:
+            text.append(f", {len(failed)} failed ({', '.join(safe(f) for f in failed)})", style="bold red")
+        print_lines(console, [text])

@@ -1,0 +1,355 @@
+"""Tables for people: the layout every rendering shares, fitted to the terminal's width.
+
+JSON output does not come through here. Tables are laid out here, not by rich's Table, because the rules are ours:
+
+- a tensor name is shown whole whenever the width allows; other columns give
+  way first (the bar shrinks, then goes; dtypes are abbreviated; then the
+  least important columns go); NaN/Inf is never dropped;
+- when a name must be shortened, the parts that tell tensors apart stay (the
+  last segment, every segment holding a digit, segments that differ between
+  names), and no two different names ever render alike;
+- output that is not a terminal is never cut (the CLI gives such a console an
+  unlimited width);
+- text from files is data: shown literally, control characters escaped.
+
+Each line is a rich ``Text`` (styles only, no markup is ever parsed).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from rich.console import Console
+from rich.text import Text
+
+from ...text import safe
+
+NAME_WIDTH = 40
+BAR_WIDTH = 14
+MIN_BAR_WIDTH = 6
+MIN_NAME_WIDTH = 12
+DECADES = 3  # the bar spans 10**-3 .. 10**3 times the threshold
+GAP = 2
+
+
+# --------------------------------------------------------------------------- symbols
+
+
+@dataclass(frozen=True)
+class Symbols:
+    arrow: str = "→"
+    times: str = "×"
+    ellipsis: str = "…"
+    dash: str = "—"
+    dot: str = "·"
+    block: str = "█"
+    mark: str = "│"
+    rule: str = "─"
+    spark: str = "▁▂▃▄▅▆▇█"
+    approx: str = "≈"
+
+
+UNICODE = Symbols()
+ASCII = Symbols("->", "x", "~", "-", ".", "#", "|", "-", " .:-=+*#", "~")
+
+
+def symbols_for(console: Console) -> Symbols:
+    """Unicode symbols where the output encoding can show them, ASCII otherwise."""
+    encoding = (getattr(console, "encoding", None) or "utf-8").lower()
+    try:
+        "→×…—·█│─▁≈".encode(encoding)
+    except (UnicodeEncodeError, LookupError):
+        return ASCII
+    return UNICODE
+
+
+# --------------------------------------------------------------------------- names
+
+
+_SEGMENTS = re.compile(r"([./:])")
+
+
+def shorten_middle(name: str, width: int = NAME_WIDTH, ellipsis: str = "…") -> str:
+    """``encoder.layers.11.attention.output.dense.weight`` -> ``encoder.layers.1…output.dense.weight``."""
+    if len(name) <= width:
+        return name
+    keep = width - len(ellipsis)
+    head = keep * 2 // 5
+    return name[:head] + ellipsis + name[len(name) - (keep - head):]
+
+
+def _split(name: str) -> tuple[list[str], list[str]]:
+    parts = _SEGMENTS.split(name)
+    return parts[0::2], parts[1::2]
+
+
+def _render(segments: list[str], separators: list[str], shown: set[int], ellipsis: str) -> str:
+    out, hidden = "", False
+    for i, segment in enumerate(segments):
+        if i in shown:
+            if i and not hidden and (i - 1) in shown:
+                out += separators[i - 1]
+            elif i and hidden:
+                pass
+            out += segment
+            hidden = False
+        else:
+            if not hidden:
+                if out and (i - 1) in shown:
+                    out += separators[i - 1]
+                out += ellipsis
+            hidden = True
+    return out
+
+
+def abbreviate(name: str, width: int, prefer: Sequence[int] = (), ellipsis: str = "…") -> str:
+    """``name`` in at most ``width`` characters, keeping what tells it apart.
+
+    Segments (split at ``.``, ``/``, ``:``) are revealed in this order: those in
+    ``prefer`` (indices that differ from similar names), the last one, every
+    segment holding a digit, the one before the last, the one before each
+    numbered segment, the first, then the rest from the end. Hidden runs
+    become ``…``. When even the first choices do not fit, the end of the name is kept.
+    """
+    if len(name) <= width:
+        return name
+    segments, separators = _split(name)
+    n = len(segments)
+    order: list[int] = []
+    for i in [*prefer, n - 1, *[i for i, s in enumerate(segments) if any(c.isdigit() for c in s)], n - 2,
+              *[i - 1 for i, s in enumerate(segments) if any(c.isdigit() for c in s)], 0,
+              *range(n - 1, -1, -1)]:
+        if 0 <= i < n and i not in order:
+            order.append(i)
+    shown: set[int] = set()
+    best = None
+    for i in order:
+        candidate = _render(segments, separators, shown | {i}, ellipsis)
+        if len(candidate) <= width:
+            shown.add(i)
+            best = candidate
+        elif best is None:
+            break
+    if best is not None and len(best) <= width:
+        return best
+    return ellipsis + name[len(name) - (width - len(ellipsis)):] if width > len(ellipsis) else name[:width]
+
+
+def shorten_names(names: Sequence[str], width: int | None, ellipsis: str = "…") -> dict[str, str]:
+    """How each name is shown in a column of ``width`` (None: unlimited); never two alike."""
+    if width is None:
+        return {n: n for n in names}
+    shown = {n: abbreviate(n, width, ellipsis=ellipsis) for n in names}
+    for _ in range(4):
+        groups: dict[str, list[str]] = {}
+        for name, text in shown.items():
+            groups.setdefault(text, []).append(name)
+        clashes = [group for group in groups.values() if len(set(group)) > 1]
+        if not clashes:
+            return shown
+        for group in clashes:
+            split = [_split(n)[0] for n in group]
+            longest = max(len(s) for s in split)
+            differing = []
+            for back in range(1, longest + 1):  # aligned from the end
+                values = {s[-back] if back <= len(s) else None for s in split}
+                if len(values) > 1:
+                    differing.append(back)
+            for name, segments in zip(group, split):
+                prefer = [len(segments) - back for back in differing if back <= len(segments)]
+                shown[name] = abbreviate(name, width, prefer, ellipsis)
+    groups = {}
+    for name, text in shown.items():
+        groups.setdefault(text, []).append(name)
+    for group in groups.values():
+        if len(set(group)) > 1:
+            for name in group:
+                shown[name] = name  # whole, even past the width: never ambiguous
+    return shown
+
+
+# --------------------------------------------------------------------------- numbers
+
+
+def human_bytes(count: float) -> str:
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(count) < 1000 or unit == "TB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1000
+    return f"{count:.1f} TB"
+
+
+def sparkline(values: Sequence[float], symbols: Symbols) -> str:
+    """One character per value, scaled from the smallest to the largest (log scale when it spans decades)."""
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    if not finite:
+        return "".join("!" for _ in values)
+    low, high = min(finite), max(finite)
+    use_log = low > 0 and high / low > 100
+    if use_log:
+        low, high = math.log10(low), math.log10(high)
+    levels = symbols.spark
+    out = []
+    for v in values:
+        if v is None or not math.isfinite(v):
+            out.append("!")
+            continue
+        x = math.log10(v) if use_log and v > 0 else v
+        level = 0 if high == low else round((x - low) / (high - low) * (len(levels) - 1))
+        out.append(levels[max(0, min(len(levels) - 1, level))])
+    return "".join(out)
+
+
+def norm_bar(norm: float | None, threshold: float | None, highlight: bool, *, relative: bool = False,
+             width: int = BAR_WIDTH, symbols: Symbols = UNICODE) -> Text:
+    """A log-scale bar of ``norm``.
+
+    Against a threshold (``relative`` False) the mark in the middle is the limit
+    and the bar spans 10**-3 .. 10**3 times it; the part past the mark is red when
+    ``highlight`` (the tensor was clipped), yellow otherwise. With ``relative``,
+    ``threshold`` is the largest norm in the file and fills the whole bar.
+    """
+    if norm is None or threshold is None or threshold <= 0 or math.isinf(threshold):
+        return Text("")
+    if math.isnan(norm):
+        return Text("NaN".center(width), style="bold magenta")
+    half = width // 2
+    if norm <= 0:
+        filled = 0
+    elif math.isinf(norm):
+        filled = width
+    elif relative:
+        filled = max(0, min(width, round(width * (1 + math.log10(norm / threshold) / (2 * DECADES)))))
+    else:
+        filled = max(0, min(width, round(half + half * math.log10(norm / threshold) / DECADES)))
+    bar = Text()
+    for i in range(width):
+        if i < filled:
+            past = not relative and i >= half
+            bar.append(symbols.block, style=("bold red" if highlight else "yellow") if past else "green")
+        elif i == half and not relative:
+            bar.append(symbols.mark, style="dim")
+        else:
+            bar.append(symbols.dot, style="dim")
+    return bar
+
+
+# --------------------------------------------------------------------------- tables
+
+
+@dataclass
+class Column:
+    """A table column; ``drop`` orders which go first when space runs out (lower: sooner; None: never)."""
+
+    key: str
+    header: str
+    cells: list[Text]
+    justify: str = "left"
+    drop: int | None = None
+    short_cells: list[Text] | None = None  # a narrower form (abbreviated dtypes)
+    bar: bool = False
+
+    @property
+    def width(self) -> int:
+        return max([len(self.header)] + [c.cell_len for c in self.cells])
+
+
+def lay_out(names: list[str], columns: list[Column], width: int | None, symbols: Symbols,
+            bar: Callable[[int], list[Text]] | None = None, bar_header: str = "", name_header: str = "tensor",
+            row_styles: list[str | None] | None = None) -> list[Text]:
+    """Fit the name column and ``columns`` (plus an optional bar) into ``width`` (None: unlimited)."""
+    full = max([len(name_header)] + [len(n) for n in names])
+    bar_width = BAR_WIDTH if bar is not None else 0
+    cols = list(columns)
+    use_short: set[str] = set()
+
+    def total(name_width: int) -> int:
+        widths = [name_width] + [c.width if c.key not in use_short or c.short_cells is None
+                                 else max([len(c.header)] + [x.cell_len for x in c.short_cells]) for c in cols]
+        if bar_width:
+            widths.append(max(bar_width, len(bar_header)))
+        return sum(widths) + GAP * (len(widths) - 1)
+
+    name_width = full
+    if width is not None and total(name_width) > width:
+        # Other columns give way before the name: the bar shrinks, then goes; dtypes are
+        # abbreviated; then the least important columns go; only then is the name shortened.
+        while total(name_width) > width and bar_width > MIN_BAR_WIDTH:
+            bar_width -= 1
+        if total(name_width) > width:
+            bar_width = 0
+        for c in cols:
+            if total(name_width) > width and c.short_cells is not None:
+                use_short.add(c.key)
+        dropped = []
+        for c in sorted([c for c in cols if c.drop is not None], key=lambda c: c.drop):  # type: ignore[arg-type,return-value]
+            if total(name_width) <= width:
+                break
+            cols.remove(c)
+            dropped.append(c)
+        if total(name_width) > width:
+            name_width = max(MIN_NAME_WIDTH, name_width - (total(name_width) - width))
+        else:
+            for c in reversed(dropped):  # a column dropped too eagerly comes back if it fits
+                position = columns.index(c)
+                cols.insert(sum(1 for x in cols if columns.index(x) < position), c)
+                if total(name_width) > width:
+                    cols.remove(c)
+        if bar is not None and not bar_width and name_width == full:
+            room = width - total(name_width) - GAP
+            if room >= max(MIN_BAR_WIDTH, len(bar_header)):
+                bar_width = min(BAR_WIDTH, room)
+    shown = shorten_names(names, name_width if name_width < full else None, symbols.ellipsis)
+    name_width = max([len(name_header)] + [len(s) for s in shown.values()])
+    bar_cells = bar(bar_width) if bar is not None and bar_width else None
+
+    col_cells = [c.short_cells if c.key in use_short and c.short_cells is not None else c.cells for c in cols]
+    widths = [max([len(c.header)] + [x.cell_len for x in cells]) for c, cells in zip(cols, col_cells)]
+    header = Text(name_header.ljust(name_width), style="bold")
+    for c, w in zip(cols, widths):
+        header.append(" " * GAP)
+        header.append(c.header.rjust(w) if c.justify == "right" else c.header.ljust(w), style="bold")
+    if bar_cells is not None:
+        header.append(" " * GAP)
+        header.append(bar_header, style="bold")
+    table_width = name_width + sum(GAP + w for w in widths) + (GAP + bar_width if bar_cells is not None else 0)
+    header.rstrip()
+    lines = [header]
+    lines.append(Text(symbols.rule * max(table_width, header.cell_len), style="dim"))
+    for row, name in enumerate(names):
+        line = Text(safe(shown[name]).ljust(name_width))
+        for c, cells, w in zip(cols, col_cells, widths):
+            cell = cells[row]
+            pad = " " * max(0, w - cell.cell_len)
+            line.append(" " * GAP)
+            line.append_text(Text(pad) + cell if c.justify == "right" else cell + Text(pad))
+        if bar_cells is not None:
+            line.append(" " * GAP)
+            line.append_text(bar_cells[row])
+        line.rstrip()
+        if row_styles is not None and row_styles[row]:
+            line.stylize(row_styles[row])  # type: ignore[arg-type]
+        lines.append(line)
+    return lines
+
+
+# --------------------------------------------------------------------------- the file report
+
+
+_SHORT_DTYPES = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16", "int64": "i64",
+                 "int32": "i32", "int16": "i16", "int8": "i8", "uint8": "u8", "bool": "bool", "complex64": "c64"}
+
+
+def short_dtype(dtype: str) -> str:
+    if dtype in _SHORT_DTYPES:
+        return _SHORT_DTYPES[dtype]
+    return dtype.replace("float8_", "f8").replace("float", "f").replace(" (big-endian)", ">")
+
+
+def print_lines(console: Console, lines: Sequence[Text]) -> None:
+    """Print lines as they are: never folded, never cropped (the layout fitted them already)."""
+    for line in lines:
+        console.print(line, soft_wrap=True, markup=False, highlight=False, emoji=False)
