@@ -14,8 +14,8 @@ from formats_helpers import safetensors_bytes
 from helpers import PickleTrap
 
 from tclip.cli import cli
-from tclip.diff import diff_files, parse_mapping
 from tclip.core.units import UNIT_ELEMENTS
+from tclip.diff import diff_files, parse_mapping
 
 RNG = np.random.default_rng(21)
 TENSORS = {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import ml_dtypes
 import numpy as np
@@ -12,13 +13,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tclip
-from tclip.work.budget import Budget
-from tclip.core.kernels import Scratch, clip_unit, reduce_unit, scale_unit
-from tclip.pipeline import ClipOptions, clip_file, file_statistics, report_file
-from tclip.core.modes import AverageNormClip, GlobalNormClip, NormClip, ValueClip, apply_scale, clip_values
+from tclip.cli.words import flag
 from tclip.core.exact import ExactSum
+from tclip.core.kernels import Scratch, clip_unit, reduce_unit, scale_unit
+from tclip.core.modes import (
+    AverageNormClip,
+    GlobalNormClip,
+    NormClip,
+    ValueClip,
+    apply_scale,
+    clip_values,
+)
 from tclip.core.stats import TensorStats
 from tclip.core.units import UNIT_ELEMENTS, UnitGrid
+from tclip.pipeline import ClipOptions, clip_file, file_statistics, report_file
+from tclip.work.budget import Budget
 
 FLOATS = [np.float16, ml_dtypes.bfloat16, np.float32, np.float64, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2]
 
@@ -207,8 +216,9 @@ def test_per_slice_statistics_beyond_the_budget_are_refused(tmp_path):
     np.save(path, np.ones((600_000, 2), np.float32))
     from tclip.errors import TclipError
 
-    with pytest.raises(TclipError, match="per-slice statistics of 600,000 slices need .* raise --memory"):
+    with pytest.raises(TclipError) as refused:  # the command line names the option as its flag
         clip_file(path, NormClip(1.0, axes=(1,)), ClipOptions(memory=16 << 20, dry_run=True))
+    assert re.search("per-slice statistics of 600,000 slices need .* raise --memory", refused.value.spelled(flag))
     report = clip_file(path, NormClip(1.0, axes=(1,)), ClipOptions(memory=128 << 20, dry_run=True))
     assert report.tensors[0].slices == 600_000
 

@@ -18,14 +18,14 @@ import pytest
 from click.testing import CliRunner
 from formats_helpers import safetensors_bytes
 
-from tclip.work import sets as tensorset
 from tclip.cli import cli
+from tclip.core.modes import GlobalNormClip, NormClip
 from tclip.errors import FormatError, TclipError
 from tclip.formats import _h5probe as h5probe
 from tclip.formats import atomic, open_reader
 from tclip.pipeline import ClipOptions, clip_file
-from tclip.core.modes import GlobalNormClip, NormClip
 from tclip.tensorset import TensorSet, clip_set
+from tclip.work import sets as tensorset
 
 RNG = np.random.default_rng(21)
 

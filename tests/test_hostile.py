@@ -21,11 +21,11 @@ from formats_helpers import safetensors_bytes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tclip.core.modes import NormClip
 from tclip.errors import NonFiniteError, TclipError
 from tclip.formats import _h5probe as h5probe
 from tclip.formats import open_reader
 from tclip.pipeline import ClipOptions, Selection, clip_file, report_file
-from tclip.core.modes import NormClip
 
 RNG = np.random.default_rng(44)
 

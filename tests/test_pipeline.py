@@ -12,10 +12,10 @@ from formats_helpers import read_all, safetensors_bytes
 from rich.console import Console
 
 import tclip
-from tclip.pipeline import ClipOptions, Selection, clip_file, report_file
-from tclip.core.modes import AverageNormClip, GlobalNormClip, NormClip, ValueClip
 from tclip.cli.render.report import render_file
 from tclip.cli.render.table import shorten_middle
+from tclip.core.modes import AverageNormClip, GlobalNormClip, NormClip, ValueClip
+from tclip.pipeline import ClipOptions, Selection, clip_file, report_file
 
 RNG = np.random.default_rng(11)
 TENSORS = {

@@ -13,10 +13,11 @@ from click.testing import CliRunner
 from helpers import PickleTrap
 
 from tclip.cli import cli
+from tclip.cli.words import flag
+from tclip.core.modes import NormClip
 from tclip.errors import OutputExistsError, TclipError
 from tclip.formats import create_writer, open_reader
 from tclip.pipeline import ClipOptions, clip_file
-from tclip.core.modes import NormClip
 
 
 def run(*args):
@@ -104,8 +105,9 @@ def test_output_that_appears_while_writing_is_never_replaced(tmp_path):
         for index in writer.blocks("a"):
             writer.write("a", index, reader.read("a", index))
         target.write_bytes(b"someone else's file")  # after the existence check, before the commit
-        with pytest.raises(OutputExistsError, match="pass --force"):
+        with pytest.raises(OutputExistsError) as refused:
             writer.commit()
+        assert "pass --force" in refused.value.spelled(flag)  # as the command line says it
     assert target.read_bytes() == b"someone else's file"
     assert sorted(os.listdir(tmp_path)) == ["a.npy", "out.npy"]  # no temporary file left
 

@@ -16,12 +16,12 @@ import pytest
 from click.testing import CliRunner
 from formats_helpers import read_all, safetensors_bytes
 
-from tclip.work import sets as tensorset
 from tclip.cli import cli
+from tclip.core.modes import GlobalNormClip
 from tclip.errors import TclipError
 from tclip.pipeline import ClipOptions, clip_file
-from tclip.core.modes import GlobalNormClip
 from tclip.tensorset import TensorSet, clip_set, load_index
+from tclip.work import sets as tensorset
 
 RNG = np.random.default_rng(33)
 TENSORS = {f"model.layers.{i}.mlp.{p}.weight": (RNG.standard_normal((48, 40)) * (i + 1)).astype(np.float32)

@@ -16,8 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TclipError
+from ..messages import spelled
 from ..text import safe
+from ..work.results import Note, NoteKind
 from .exits import EXIT_BROKEN_PIPE, EXIT_CHECK_FAILED, EXIT_FAILED, quiet_stdout
+from .words import flag
 
 # Runs smaller than this take well under a second: no progress bar flashing by.
 PROGRESS_MIN_BYTES = 64 << 20
@@ -108,6 +111,11 @@ class Runner:
         if always or not self.quiet:
             self.say(f"Warning: {name}: {message}")
 
+    def note(self, name: str, warning: str) -> None:
+        """A report's warning, options named by their flags; a failed check is shown even with -q."""
+        failed = isinstance(warning, Note) and warning.kind is NoteKind.CHECK_FAILED
+        self.warn(name, spelled(warning, flag), always=failed)
+
     def emit(self, data: dict[str, Any]) -> None:
         sys.stdout.write(json.dumps(data, allow_nan=False) + "\n")
         sys.stdout.flush()
@@ -151,7 +159,7 @@ class Runner:
         except BrokenPipeError:
             raise
         except TclipError as error:
-            self.error(name, str(error))
+            self.error(name, error.spelled(flag))
         except MemoryError:
             self.error(name, f"{name}: out of memory (try a smaller --memory or fewer --threads)")
         except OSError as error:
@@ -166,12 +174,9 @@ class Runner:
     def done(self, name: str, result: Any, show: Callable[[Any], None]) -> None:
         self.ok += 1
         for warning in getattr(result, "warnings", []):
-            if warning.startswith("check failed"):
-                self.warn(name, warning, always=True)
-            else:
-                self.warn(name, warning)
+            self.note(name, warning)
         if self.as_json:
-            self.emit(result.to_json())
+            self.emit(result.to_json(flag))
         elif not self.quiet:
             show(result)
 
@@ -247,7 +252,7 @@ def run_clip(mode: Any, *, files: tuple[str, ...], recursive: bool, output: Path
             try:
                 _check_run_outputs(inputs, options, use_sets, across_files)
             except TclipError as error:
-                runner.error(str(error.path), str(error))
+                runner.error(str(error.path), error.spelled(flag))
                 return runner.finish()
         with runner.progress(2 * total) as progress:
             for name, item in (group_sets(inputs, across_files) if use_sets else inputs):
@@ -354,7 +359,7 @@ def run_report(*, files: tuple[str, ...], recursive: bool, order: str, axes: tup
                 reports.append(report)
                 runner.ok += 1
                 for warning in report.warnings:
-                    runner.warn(name, warning, always=warning.startswith("check failed"))
+                    runner.note(name, warning)
             else:
                 runner.done(name, report, show)
     if summary:
@@ -362,7 +367,7 @@ def run_report(*, files: tuple[str, ...], recursive: bool, order: str, axes: tup
         from .render.summary import render_across_files
 
         if as_json:
-            for item in summary_json(reports):
+            for item in summary_json(reports, flag):
                 runner.emit(item)
         elif not quiet:
             render_across_files(reports, runner.out, runner.width)
@@ -418,7 +423,7 @@ def run_diff(*, a: str, b: str, rtol: float, atol: float, mapping: tuple[str, ..
     if result is None:
         return EXIT_FAILED
     if as_json:
-        runner.emit(result.to_json())
+        runner.emit(result.to_json(flag))
     elif not quiet:
         render_diff(result, runner.out, runner.width, sort=sort, top=top)
     if result.differs:

@@ -49,15 +49,18 @@ def is_bool(dtype: np.dtype) -> bool:
     return np.dtype(dtype) == np.bool_
 
 
-def dtype_name(dtype: np.dtype) -> str:
-    """A short readable name: 'float32', 'bfloat16', 'float8_e4m3fn', '>f4'."""
+def is_big_endian(dtype: np.dtype) -> bool:
+    """Whether the bytes of each element are stored most significant first (never for ml_dtypes' types)."""
     dtype = np.dtype(dtype)
     if dtype.type in ML_FLOAT_TYPES:
-        return dtype.name
-    name = dtype.name
-    if dtype.byteorder == ">" or (dtype.byteorder == "=" and not np.little_endian):
-        return f"{name} (big-endian)"
-    return name
+        return False
+    return dtype.byteorder == ">" or (dtype.byteorder == "=" and not np.little_endian)
+
+
+def dtype_name(dtype: np.dtype) -> str:
+    """A short readable name: 'float32', 'bfloat16', 'float8_e4m3fn', 'float32 (big-endian)'."""
+    dtype = np.dtype(dtype)
+    return f"{dtype.name} (big-endian)" if is_big_endian(dtype) else dtype.name
 
 
 def real_dtype(dtype: np.dtype) -> np.dtype:

@@ -7,7 +7,6 @@ any order; :class:`ExactSum` adds them without rounding and rounds once when rea
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 
 
 class ExactSum:
@@ -61,8 +60,3 @@ class ExactSum:
     def __setstate__(self, state: tuple[list[float], float]) -> None:
         self.partials, self.special = state
 
-
-def root_sum_squares(values: Iterable[float]) -> float:
-    """``sqrt(sum(v * v))`` of norms, the squares summed exactly: a global norm from
-    per-tensor norms (0.0 for none)."""
-    return math.sqrt(math.fsum(v * v for v in values))

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import OutputExistsError, TclipError
+from ..messages import Option
 
 
 def _rename_noreplace(source: Path, target: Path) -> bool:
@@ -141,7 +142,7 @@ class AtomicOutput:
     def __init__(self, target: Path, *, overwrite: bool = False, mode_from: Path | None = None) -> None:
         self.target = Path(target)
         if not overwrite and os.path.lexists(self.target):
-            raise OutputExistsError("output already exists; pass --force to replace it", self.target)
+            raise OutputExistsError(("output already exists; pass ", Option.FORCE, " to replace it"), self.target)
         if not self.target.parent.is_dir():
             raise TclipError("output directory does not exist", self.target.parent)
         remove_stale_temps(self.target.parent)
@@ -209,8 +210,8 @@ class AtomicOutput:
                 os.replace(self.temp, self.target)
             elif not _rename_noreplace(self.temp, self.target):
                 self.abort()
-                raise OutputExistsError("output already exists (it appeared while writing); "
-                                        "pass --force to replace it", self.target)
+                raise OutputExistsError(("output already exists (it appeared while writing); pass ", Option.FORCE,
+                                         " to replace it"), self.target)
             self._done = True
             self._release()
             LIVE_TEMPS.discard(str(self.temp))

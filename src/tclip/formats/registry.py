@@ -192,7 +192,7 @@ def create_writer(
     except TclipError as error:
         output.abort()
         if error.path is None:
-            raise type(error)(error.detail, target) from None
+            raise type(error)(error.message, target) from None
         raise
     except BaseException:
         output.abort()

@@ -9,21 +9,20 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.dtypes import dtype_name
 from ..core.modes import Mode, NormClip, ValueClip, value_bounds
-from ..errors import NonFiniteError, OutputExistsError
+from ..errors import OutputExistsError
 from ..formats import open_reader
+from ..messages import Option
 from .budget import Budget
 from .inputs import check_outputs, output_for
 from .options import ClipOptions
-
+from .passes import HeldTensors, Progress
 from .plan import make_plan
-from .policy import header_checks, nonfinite_message
+from .policy import check_nonfinite, check_selection
 from .reporting import finish_report, mode_params, report_from_stats, start_report
-from .results import FileReport, InfoReport, InfoTensor, OtherReport
+from .results import FileReport, InfoReport, InfoTensor, Note, NoteKind, OtherReport
 from .rewrite import rewrite_file
 from .selection import Selection, select
-from .passes import HeldTensors, Progress
 from .statistics import file_statistics
 
 
@@ -62,8 +61,7 @@ def clip_file(path: Path | str, mode: Mode, options: ClipOptions | None = None,
     budget = options.budget
     with open_reader(path) as reader:
         entries, _ = select(reader, options.selection, axes)
-        warnings: list[str] = []
-        header_checks(reader, entries, mode, options, path, warnings)
+        warnings = check_selection(entries, list(reader.tensors), mode, options, path)
         target = output_for(path, options)
         if not options.in_place:
             check_outputs({path: target}, [path])
@@ -72,12 +70,13 @@ def clip_file(path: Path | str, mode: Mode, options: ClipOptions | None = None,
         if options.dry_run:
             target = None
         elif not overwrite and exists:
-            raise OutputExistsError("output already exists; pass --force to replace it", target)
+            raise OutputExistsError(("output already exists; pass ", Option.FORCE, " to replace it"), target)
         if options.in_place and not options.dry_run:
             links = os.stat(path).st_nlink
             if links > 1:
-                warnings.append(f"the input has {links - 1} other hard link(s); --in-place gives this name a new "
-                                "file and the other names keep the old data")
+                warnings.append(Note(NoteKind.HARD_LINKS, (f"the input has {links - 1} other hard link(s); ",
+                                                           Option.IN_PLACE, " gives this name a new file and the "
+                                                           "other names keep the old data")))
         held = HeldTensors(budget.memory // 8, options.hold_bytes)
         stats = file_statistics(reader, selection=options.selection, axes=axes, budget=budget, progress=progress,
                                 held=held)
@@ -86,9 +85,7 @@ def clip_file(path: Path | str, mode: Mode, options: ClipOptions | None = None,
         if options.dry_run:
             report.would_write, report.output_exists = str(would_write), exists
         report.warnings += warnings
-        if options.nonfinite == "error" and any(report_entry.nonfinite for report_entry in report.tensors
-                                                 if report_entry.skipped is None):
-            raise NonFiniteError(nonfinite_message(report), path)
+        check_nonfinite(report, options, path)
         plan = make_plan(mode, [stats])
         rewrite = rewrite_file(reader, plan.work[stats.path], target, axes=axes,
                                overwrite=options.overwrite or options.in_place, budget=budget, progress=progress,
@@ -133,8 +130,7 @@ def file_info(path: Path | str) -> InfoReport:
     """Names, shapes, dtypes, sizes and metadata from the header alone."""
     path = Path(path)
     with open_reader(path) as reader:
-        tensors = [InfoTensor(t.name, list(t.shape), t.dtype_label or dtype_name(t.dtype), t.nbytes, dict(t.attrs),
-                              t.refused)
+        tensors = [InfoTensor(t.name, list(t.shape), t.dtype, t.nbytes, dict(t.attrs), t.refused, t.dtype_label)
                    for t in reader.tensors.values()]
         others = [OtherReport(o.name, o.kind, o.reason, None if o.shape is None else list(o.shape), o.dtype)
                   for o in reader.others]

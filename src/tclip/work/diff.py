@@ -18,6 +18,7 @@ Tensors of different dtypes are compared as values; integers exactly.
 
 from __future__ import annotations
 
+import enum
 import math
 import re
 import time
@@ -29,15 +30,16 @@ from typing import Any
 
 import numpy as np
 
-from ..core.dtypes import dtype_name, is_bool, is_complex, is_integral
+from ..core.dtypes import is_bool, is_complex, is_floating, is_integral
 from ..core.exact import ExactSum
 from ..core.kernels import Scratch, dot
 from ..errors import TclipError
 from ..formats import TensorInfo, TensorReader
 from ..formats.sharded import open_any
+from ..messages import Naming, Option, Tagged, library_name, spelled
 from .budget import Budget
 from .passes import Block, pair_walk, run_pass
-from .results import SCHEMA_VERSION, json_safe
+from .results import SCHEMA_VERSION, dtype_text, json_safe
 from .selection import Selection
 
 
@@ -66,17 +68,55 @@ def apply_mapping(name: str, rules: list[tuple[re.Pattern[str], str]]) -> str:
     return name
 
 
+class Status(str, enum.Enum):
+    """What became of a tensor name in a comparison (the value is the JSON's ``status``)."""
+
+    COMPARED = "compared"
+    ONLY_IN_A = "only in A"
+    ONLY_IN_B = "only in B"
+    SHAPE_DIFFERS = "shape differs"
+    NOT_COMPARED = "not compared"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# Statuses that make two files differ whatever the values.
+UNMATCHED = (Status.ONLY_IN_A, Status.ONLY_IN_B, Status.SHAPE_DIFFERS)
+
+
+class RemarkKind(enum.Enum):
+    """What a comparison's note says."""
+
+    DTYPES_DIFFER = "compared as values, the dtypes differ"
+    BYTES = "not numbers, compared by their stored bytes"
+    AS_DATA = "not numbers, compared as data"
+    REFUSED = "the format will not read it"
+    NOT_NUMERIC = "not numbers, not compared"
+    BOOL = "bool against numbers"
+    NOT_A_TENSOR = "not a tensor, not compared"
+
+
+class Remark(Tagged):
+    """A note on one comparison: its text (the JSON's ``note``) and its :class:`RemarkKind`."""
+
+    kind: RemarkKind
+
+
 @dataclass
 class TensorDiff:
-    """One matched pair (or a tensor only one side has)."""
+    """One matched pair (or a tensor only one side has).
+
+    ``dtype_a``/``dtype_b``: the stored dtypes (text for what is not a tensor, as its file describes it).
+    """
 
     name: str
     name_b: str | None = None
     shape_a: list[int] | None = None
     shape_b: list[int] | None = None
-    dtype_a: str | None = None
-    dtype_b: str | None = None
-    status: str = "compared"  # compared, only in A, only in B, shape differs, not compared
+    dtype_a: np.dtype | str | None = None
+    dtype_b: np.dtype | str | None = None
+    status: Status = Status.COMPARED
     elements: int = 0
     diff_norm: float | None = None
     relative: float | None = None
@@ -86,11 +126,11 @@ class TensorDiff:
     norm_b: float | None = None
     outside: int = 0
     nonfinite_mismatch: int = 0
-    note: str | None = None
+    note: Remark | None = None
 
     @property
     def differs(self) -> bool:
-        if self.status in ("only in A", "only in B", "shape differs"):
+        if self.status in UNMATCHED:
             return True
         return self.outside > 0 or self.nonfinite_mismatch > 0
 
@@ -108,7 +148,7 @@ class DiffReport:
     global_norm_a: float = 0.0
     bytes_read: int = 0
     elapsed_s: float = 0.0
-    warnings: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # none yet; JSON has the field
 
     @property
     def global_relative(self) -> float:
@@ -120,24 +160,26 @@ class DiffReport:
     def differs(self) -> bool:
         return any(t.differs for t in self.tensors)
 
-    def count(self, status: str) -> int:
-        return sum(t.status == status for t in self.tensors)
+    def count(self, status: Status) -> int:
+        return sum(t.status is status for t in self.tensors)
 
     def summary_line(self) -> str:
-        compared = [t for t in self.tensors if t.status == "compared"]
+        compared = [t for t in self.tensors if t.status is Status.COMPARED]
         differing = sum(t.differs for t in compared)
         parts = [f"{len(compared)} compared, {differing} differ"]
-        for status in ("only in A", "only in B", "shape differs", "not compared"):
+        for status in (*UNMATCHED, Status.NOT_COMPARED):
             n = self.count(status)
             if n:
-                parts.append(f"{n} {status}")
+                parts.append(f"{n} {status.value}")
         parts.append(f"‖A−B‖ {self.global_diff_norm:.6g} ({self.global_relative:.3g} of ‖A‖)")
         return ", ".join(parts)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, name: Naming = library_name) -> dict[str, Any]:
         tensors = []
         for t in self.tensors:
             item = asdict(t)
+            item["dtype_a"], item["dtype_b"] = dtype_text(t.dtype_a), dtype_text(t.dtype_b)
+            item["status"] = t.status.value
             item["differs"] = t.differs
             tensors.append(item)
         return json_safe({
@@ -148,18 +190,18 @@ class DiffReport:
             "rtol": self.rtol,
             "atol": self.atol,
             "same": not self.differs,
-            "tensors_compared": self.count("compared"),
+            "tensors_compared": self.count(Status.COMPARED),
             "tensors_differing": sum(t.differs for t in self.tensors),
-            "only_in_a": [t.name for t in self.tensors if t.status == "only in A"],
-            "only_in_b": [t.name for t in self.tensors if t.status == "only in B"],
-            "shape_differs": [t.name for t in self.tensors if t.status == "shape differs"],
+            "only_in_a": [t.name for t in self.tensors if t.status is Status.ONLY_IN_A],
+            "only_in_b": [t.name for t in self.tensors if t.status is Status.ONLY_IN_B],
+            "shape_differs": [t.name for t in self.tensors if t.status is Status.SHAPE_DIFFERS],
             "global_diff_norm": self.global_diff_norm,
             "global_norm_a": self.global_norm_a,
             "global_relative": self.global_relative,
             "tensors": tensors,
             "bytes_read": self.bytes_read,
             "elapsed_s": round(self.elapsed_s, 6),
-            "warnings": self.warnings,
+            "warnings": [spelled(w, name) for w in self.warnings],
         })
 
 
@@ -232,10 +274,6 @@ class _Accumulator:
 # --------------------------------------------------------------------------- files
 
 
-def _floating_name(dtype: str | None) -> bool:
-    return bool(dtype) and (dtype.startswith(("float", "bfloat")) or "float" in dtype)  # type: ignore[union-attr]
-
-
 def _comparable(info: TensorInfo) -> bool:
     return info.numeric and not info.refused
 
@@ -271,7 +309,8 @@ def diff_files(a: Path | str, b: Path | str, *, rtol: float = 0.0, atol: float =
         for name in reader_a.tensors:
             new = apply_mapping(name, rules)
             if new in renamed:
-                raise TclipError(f"--map gives two tensors of A the name {new!r}: {renamed[new]!r} and {name!r}",
+                raise TclipError((Option.MAP, f" gives two tensors of A the name {new!r}: {renamed[new]!r} and "
+                                               f"{name!r}"),
                                  a)
             renamed[new] = name
         names_b = {n for n in reader_b.tensors if selection.matches(n)}
@@ -280,36 +319,39 @@ def diff_files(a: Path | str, b: Path | str, *, rtol: float = 0.0, atol: float =
             if not selection.matches(new):
                 continue
             info_a = reader_a.tensors[old]
-            entry = TensorDiff(old, new if new != old else None, list(info_a.shape), None, dtype_name(info_a.dtype))
+            entry = TensorDiff(old, new if new != old else None, list(info_a.shape), None, info_a.dtype)
             if new not in reader_b.tensors:
-                entry.status = "only in A"
+                entry.status = Status.ONLY_IN_A
                 report.tensors.append(entry)
                 continue
             names_b.discard(new)
             info_b = reader_b.tensors[new]
-            entry.shape_b, entry.dtype_b = list(info_b.shape), dtype_name(info_b.dtype)
+            entry.shape_b, entry.dtype_b = list(info_b.shape), info_b.dtype
             if tuple(info_a.shape) != tuple(info_b.shape):
-                entry.status = "shape differs"
+                entry.status = Status.SHAPE_DIFFERS
             elif not (_comparable(info_a) and _comparable(info_b)):
-                entry.status = "not compared"
-                entry.note = info_a.refused or info_b.refused or "not numeric"
+                entry.status = Status.NOT_COMPARED
+                refused = info_a.refused or info_b.refused
+                entry.note = Remark(RemarkKind.REFUSED, refused) if refused else \
+                    Remark(RemarkKind.NOT_NUMERIC, "not numeric")
                 if _same_kind_of_bytes(info_a, info_b):
                     _compare_bytes(reader_a, reader_b, entry, old, new, report)
             elif is_bool(info_a.dtype) != is_bool(info_b.dtype):
-                entry.status = "not compared"
-                entry.note = "bool against numbers"
+                entry.status = Status.NOT_COMPARED
+                entry.note = Remark(RemarkKind.BOOL, "bool against numbers")
             else:
                 pairs.append((entry, old, new))
             report.tensors.append(entry)
         for name in sorted(names_b):
             info_b = reader_b.tensors[name]
-            report.tensors.append(TensorDiff(name, None, None, list(info_b.shape), None, dtype_name(info_b.dtype),
-                                             "only in B"))
+            report.tensors.append(TensorDiff(name, None, None, list(info_b.shape), None, info_b.dtype,
+                                             Status.ONLY_IN_B))
         _compare_pairs(reader_a, reader_b, pairs, report, Budget(memory, threads, block_bytes))
         _compare_others(reader_a, reader_b, rules, selection, report, memory)
     # The global figures cover floating tensors, as the report's global norm does (a step
     # counter would swamp them).
-    compared = [t for t in report.tensors if t.status == "compared" and _floating_name(t.dtype_a)]
+    compared = [t for t in report.tensors if t.status is Status.COMPARED and isinstance(t.dtype_a, np.dtype)
+                and is_floating(t.dtype_a)]
     report.global_diff_norm = math.sqrt(math.fsum((t.diff_norm or 0.0) ** 2 for t in compared
                                                   if t.diff_norm is not None and math.isfinite(t.diff_norm)))
     report.global_norm_a = math.sqrt(math.fsum((t.norm_a or 0.0) ** 2 for t in compared
@@ -331,13 +373,13 @@ def _compare_others(reader_a: TensorReader, reader_b: TensorReader, rules: list[
                            list(other.shape) if other.shape is not None else None, None, other.dtype)
         match = others_b.pop(new, None)
         if match is None:
-            entry.status = "only in A"
+            entry.status = Status.ONLY_IN_A
         else:
             entry.shape_b, entry.dtype_b = (list(match.shape) if match.shape is not None else None), match.dtype
             if entry.shape_a != entry.shape_b:
-                entry.status = "shape differs"
+                entry.status = Status.SHAPE_DIFFERS
             else:
-                entry.status, entry.note = "not compared", other.kind
+                entry.status, entry.note = Status.NOT_COMPARED, Remark(RemarkKind.NOT_A_TENSOR, other.kind)
                 x, y = reader_a.other_values(other.name, memory), reader_b.other_values(new, memory)
                 if x is not None and y is not None:
                     try:
@@ -346,13 +388,14 @@ def _compare_others(reader_a: TensorReader, reader_b: TensorReader, rules: list[
                     except (TypeError, ValueError):
                         differing = -1
                     if differing >= 0 and x.dtype == y.dtype:
-                        entry.status, entry.note = "compared", f"not numbers ({other.kind}): compared as data"
+                        entry.status = Status.COMPARED
+                        entry.note = Remark(RemarkKind.AS_DATA, f"not numbers ({other.kind}): compared as data")
                         entry.elements, entry.outside = int(x.size), differing
                         report.bytes_read += x.nbytes + y.nbytes
         report.tensors.append(entry)
     for name, other in sorted(others_b.items()):
         report.tensors.append(TensorDiff(name, None, None, list(other.shape) if other.shape is not None else None,
-                                         None, other.dtype, "only in B"))
+                                         None, other.dtype, Status.ONLY_IN_B))
 
 
 def _same_kind_of_bytes(a: TensorInfo, b: TensorInfo) -> bool:
@@ -390,10 +433,11 @@ def _compare_bytes(reader_a: TensorReader, reader_b: TensorReader, entry: "Tenso
     if pending_a != pending_b or total_a != total_b:
         differing = max(differing, 1)
     report.bytes_read += total_a + total_b
-    entry.status = "compared"
+    entry.status = Status.COMPARED
     entry.elements = math.prod(entry.shape_a or [])
     entry.outside = differing if itemsize else min(differing, 1)
-    entry.note = "not numbers: compared byte for byte" + ("" if itemsize else " (pickled objects: as one stream)")
+    entry.note = Remark(RemarkKind.BYTES, "not numbers: compared byte for byte"
+                        + ("" if itemsize else " (pickled objects: as one stream)"))
 
 
 def _compare_pairs(reader_a: TensorReader, reader_b: TensorReader, pairs: list[tuple[TensorDiff, str, str]],
@@ -441,7 +485,8 @@ def _compare_pairs(reader_a: TensorReader, reader_b: TensorReader, pairs: list[t
         else:
             entry.cosine = max(-1.0, min(1.0, ab / (entry.norm_a * entry.norm_b)))
         if entry.dtype_a != entry.dtype_b:
-            entry.note = f"dtypes differ ({entry.dtype_a} vs {entry.dtype_b}): compared as values"
+            entry.note = Remark(RemarkKind.DTYPES_DIFFER, f"dtypes differ ({dtype_text(entry.dtype_a)} vs "
+                                                          f"{dtype_text(entry.dtype_b)}): compared as values")
 
 
 def _identical_unit(x: np.ndarray, buffer: np.ndarray | None = None) -> tuple:

@@ -8,22 +8,29 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import ml_dtypes
+import numpy as np
+
+from ..core.dtypes import ML_FLOAT_TYPES
 from ..errors import TclipError
 from ..text import fmt_number
-from .results import slice_label
+from .results import Note, NoteKind, slice_label
+
+# Relative tolerance of the --max-norm gate per dtype: 2 ulps (2 * machine epsilon); the
+# narrow floats of ml_dtypes other than bfloat16 get 2 * 2**-3, those with two mantissa bits 2 * 2**-2.
+_EPS = {np.float64: 2.0 ** -52, np.float32: 2.0 ** -23, np.float16: 2.0 ** -10, ml_dtypes.bfloat16: 2.0 ** -7}
+_TWO_MANTISSA_BITS = frozenset(getattr(ml_dtypes, name) for name in ("float8_e5m2", "float8_e5m2fnuz")
+                               if hasattr(ml_dtypes, name))
 
 
-# Relative tolerance of the --max-norm gate per dtype: 2 ulps (2 * machine epsilon).
-_EPS = {"float64": 2.0 ** -52, "float32": 2.0 ** -23, "float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}
-
-
-def gate_tolerance(dtype: str) -> float:
+def gate_tolerance(dtype: np.dtype) -> float:
     """How far above a limit a norm of ``dtype`` values may be and still pass: 2 ulps, relative."""
-    if dtype.startswith("float8_e5m2"):
+    kind = np.dtype(dtype).type
+    if kind in _TWO_MANTISSA_BITS:
         return 2 * 2.0 ** -2
-    if dtype.startswith("float8") or dtype.startswith("float6") or dtype.startswith("float4"):
+    if kind in ML_FLOAT_TYPES and kind not in _EPS:
         return 2 * 2.0 ** -3
-    return 2 * _EPS.get(dtype.replace(" (big-endian)", ""), 2.0 ** -23)
+    return 2 * _EPS.get(kind, 2.0 ** -23)
 
 
 def check_report(report: Any, max_norm: float, per_slice: bool) -> list[str]:
@@ -49,7 +56,7 @@ def check_report(report: Any, max_norm: float, per_slice: bool) -> list[str]:
                                f"{max_norm:g} in {t.name} {label} {where}")
     elif report.global_norm is not None:
         dtypes = [t.dtype for t in report.tensors if t.norm is not None and t.skipped is None]
-        tolerance = max((gate_tolerance(d) for d in dtypes), default=gate_tolerance("float32"))
+        tolerance = max((gate_tolerance(d) for d in dtypes), default=gate_tolerance(np.dtype(np.float32)))
         if report.global_norm > max_norm * (1 + tolerance) or math.isnan(report.global_norm):
             biggest = max((t for t in report.tensors if t.norm is not None),  # a NaN norm counts as largest
                           key=lambda t: (math.isnan(t.norm), t.norm if not math.isnan(t.norm) else 0.0),
@@ -63,11 +70,11 @@ def apply_gate(report: Any, max_norm: float, per_slice: bool, where: object) -> 
     """``report --max-norm``: a pattern that matches nothing is an error; a failed check is a
     warning on the report (the command line keeps it under -q). Returns whether it failed."""
     report.params["max_norm"] = max_norm
-    unmatched = [w for w in report.warnings if w.startswith("pattern ")]
+    unmatched = [w for w in report.warnings if w.kind is NoteKind.UNMATCHED_PATTERN]
     if unmatched:
         raise TclipError(f"{'; '.join(unmatched)}: nothing to check", where)
     reasons = check_report(report, max_norm, per_slice)
     if not reasons:
         return False
-    report.warnings.append("check failed: " + "; ".join(reasons))
+    report.warnings.append(Note(NoteKind.CHECK_FAILED, "check failed: " + "; ".join(reasons)))
     return True

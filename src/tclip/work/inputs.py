@@ -16,6 +16,7 @@ from typing import Any
 
 from ..errors import TclipError
 from ..formats.registry import kept_endings, suffixes
+from ..messages import Option
 from ..text import natural_key
 from .options import ClipOptions
 
@@ -66,8 +67,8 @@ def check_outputs(outputs: dict[Path, Path], inputs: list[Path]) -> None:
         else:
             replaced = identities.get((st.st_dev, st.st_ino))
             if replaced is not None:
-                raise TclipError(f"the output {out} would replace the input {replaced}; nothing was written "
-                                 "(--in-place replaces inputs)", source)
+                raise TclipError((f"the output {out} would replace the input {replaced}; nothing was written (",
+                                  Option.IN_PLACE, " replaces inputs)"), source)
         first = claimed.setdefault(os.path.realpath(out), source)
         if first != source and not _same_file(first, source):
             raise TclipError(f"{first} and {source} would both be written to this file; nothing was written "

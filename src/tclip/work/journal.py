@@ -21,7 +21,6 @@ from .plan import Plan
 from .reporting import mode_params
 from .statistics import FileStats
 
-
 JOURNAL_SUFFIX = ".tclip-journal"
 
 

@@ -10,7 +10,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core.modes import GlobalNormClip, Mode, ValueClip, global_norm_of, plan_scales, value_bounds
+from ..core.modes import (
+    GlobalNormClip,
+    Mode,
+    ValueClip,
+    global_norm_of,
+    plan_scales,
+    value_bounds,
+)
 from .statistics import FileStats
 
 
@@ -68,11 +75,6 @@ def make_plan(mode: Mode, files: list[FileStats]) -> Plan:
     return Plan(mode, work, scales, global_norm)
 
 
-def _value_bounds_of(dtype: str, mode: ValueClip) -> tuple[float, float]:
-    from ..core.dtypes import ML_FLOAT_TYPES
-
-    numpy_dtype = next((np.dtype(t) for t in ML_FLOAT_TYPES if np.dtype(t).name == dtype), None)
-    if numpy_dtype is None:
-        numpy_dtype = np.dtype(dtype.replace(" (big-endian)", ""))
-    lo, hi = value_bounds(numpy_dtype, mode.clip_value_min, mode.clip_value_max)
+def _value_bounds_of(dtype: np.dtype, mode: ValueClip) -> tuple[float, float]:
+    lo, hi = value_bounds(dtype, mode.clip_value_min, mode.clip_value_max)
     return float(lo), float(hi)

@@ -7,11 +7,20 @@ from typing import Any
 
 import numpy as np
 
+from ..core.dtypes import is_complex
 from ..core.modes import GlobalNormClip, Mode, NormClip, ValueClip
 from ..core.stats import TensorStats
 from .plan import Plan
 from .quantized import describe, scale_companions
-from .results import NEAR_ZERO_NORM, WORST_SLICES, FileReport, OtherReport, TensorReport
+from .results import (
+    NEAR_ZERO_NORM,
+    WORST_SLICES,
+    FileReport,
+    Note,
+    NoteKind,
+    OtherReport,
+    TensorReport,
+)
 from .rewrite import RewriteResult
 from .selection import Selection, is_rank_skip
 from .statistics import FileStats
@@ -33,7 +42,8 @@ def start_report(stats: FileStats, mode_name: str, params: dict[str, object]) ->
     """The report of one file from its pass 1: every tensor with its skip reason and statistics."""
     report = FileReport(file=stats.path, mode=mode_name, params=params, format=stats.format)
     for entry in stats.tensors:
-        tensor = TensorReport(entry.name, list(entry.shape), entry.dtype, entry.nbytes, skipped=entry.skipped)
+        tensor = TensorReport(entry.name, list(entry.shape), entry.dtype, entry.nbytes, skipped=entry.skipped,
+                              dtype_label=entry.dtype_label)
         s = stats.stats.get(entry.name)
         if s is not None:
             fill_before(tensor, s)
@@ -92,15 +102,23 @@ def finish_report(report: FileReport, stats: FileStats, plan: Plan, rewrite: Rew
                 entry.changed, entry.clipped = 0, False
         if before.axes is not None:
             slice_summary(entry, before, scales.get(name))
-    picked = [entries[n] for n in chosen]
-    report.global_norm = math.sqrt(math.fsum((t.norm or 0.0) ** 2 for t in picked)) if picked else 0.0
-    if all(t.norm_after is not None for t in picked):
-        report.global_norm_after = math.sqrt(math.fsum(t.norm_after ** 2 for t in picked)) if picked else 0.0  # type: ignore[operator]
+    report.global_norm, after = global_norms([entries[n] for n in chosen])
+    if after is not None:
+        report.global_norm_after = after
     if rewrite is not None:
         report.bytes_read += rewrite.bytes_read
         report.bytes_written = rewrite.bytes_written
         report.output = rewrite.output
         report.warnings += rewrite.warnings
+
+
+def global_norms(picked: list[TensorReport]) -> tuple[float, float | None]:
+    """The global norm of the tensors worked on, before and after (None: not measured), from
+    their norms (their sums of squares were added exactly, the norms are summed with fsum)."""
+    before = math.sqrt(math.fsum((t.norm or 0.0) ** 2 for t in picked)) if picked else 0.0
+    if not all(t.norm_after is not None for t in picked):
+        return before, None
+    return before, math.sqrt(math.fsum(t.norm_after ** 2 for t in picked)) if picked else 0.0  # type: ignore[operator]
 
 
 def report_from_stats(stats: FileStats, ord: str, params: dict[str, object],
@@ -116,11 +134,12 @@ def report_from_stats(stats: FileStats, ord: str, params: dict[str, object],
         entry.norm = {"2": s.norm, "1": s.l1_norm if ord == "1" else 0.0, "inf": s.max_abs}[ord]
         if s.nan_count and ord != "2":
             entry.norm = math.nan  # as the L2 norm is, so NaN is never hidden
-        if s.moments is not None and not entry.dtype.startswith("complex"):
+        complex_values = is_complex(entry.dtype)
+        if s.moments is not None and not complex_values:
             entry.mean, entry.std = s.mean, s.std
             entry.zeros = s.moments.zeros
             entry.histogram = s.moments.histogram()
-        if entry.dtype.startswith("complex"):
+        if complex_values:
             entry.min = entry.max = None  # complex numbers have no order
         if s.axes is not None:
             slice_summary(entry, s, None)
@@ -134,14 +153,18 @@ def report_from_stats(stats: FileStats, ord: str, params: dict[str, object],
     else:
         report.global_norm = max(norms, default=0.0)
     for pattern in (selection or Selection()).unmatched([t.name for t in report.tensors]):
-        report.warnings.append(f"pattern {pattern!r} matches no tensor")
+        report.warnings.append(unmatched_note(pattern))
     quantized = quantized_warning([t.name for t in report.tensors])
     if quantized:
         report.warnings.append(quantized)
     return report
 
 
-def quantized_warning(names: list[str]) -> str | None:
+def unmatched_note(pattern: str) -> Note:
+    return Note(NoteKind.UNMATCHED_PATTERN, f"pattern {pattern!r} matches no tensor")
+
+
+def quantized_warning(names: list[str]) -> Note | None:
     """The report's word that the norms of quantized weights shown are of their raw codes."""
     pairs = scale_companions(names)
     if not pairs:
@@ -149,8 +172,8 @@ def quantized_warning(names: list[str]) -> str | None:
     listing = ", ".join(describe(w, s) for w, s in list(pairs.items())[:3])
     if len(pairs) > 3:
         listing += f" and {len(pairs) - 3} more"
-    return (f"{len(pairs)} quantized weight(s) ({listing}): the norms shown are of their raw codes and of "
-            "their scale tensors as plain values, not of the real (dequantized) weights")
+    return Note(NoteKind.QUANTIZED, f"{len(pairs)} quantized weight(s) ({listing}): the norms shown are of their "
+                "raw codes and of their scale tensors as plain values, not of the real (dequantized) weights")
 
 
 def slice_summary(entry: TensorReport, stats: Any, scale: np.ndarray | None) -> None:

@@ -2,19 +2,55 @@
 
 Rendering for people lives in :mod:`tclip.cli.render`; this module knows nothing of
 terminals. JSON is strictly valid: non-finite floats become "nan", "inf", "-inf".
+Dtypes stay ``np.dtype`` here and become names only in JSON and tables; skip
+reasons and warnings are :class:`~tclip.messages.Tagged` texts whose kind code reads.
 """
 
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
+
+import numpy as np
+
+from ..core.dtypes import dtype_name
+from ..messages import Naming, Tagged, library_name, spelled
 
 SCHEMA_VERSION = 1
 # A slice whose L2 norm is at most this is counted as near zero (a dead row).
 NEAR_ZERO_NORM = 1e-12
 # How many of the largest slices a report names.
 WORST_SLICES = 5
+
+
+class NoteKind(enum.Enum):
+    """What a report's warning is about."""
+
+    UNMATCHED_PATTERN = "a selection pattern matches no tensor"
+    AXES_SKIPPED = "tensors whose rank cannot take the axes were left unchanged"
+    NOTHING_SELECTED = "no floating-point tensor was selected"
+    HARD_LINKS = "the input has other hard links"
+    DROPPED = "a conversion dropped what the output format cannot hold"
+    QUANTIZED = "quantized weights were measured as their raw codes"
+    RESUMED = "an unfinished in-place run was resumed"
+    INTERRUPTED = "an in-place run was interrupted here"
+    CHECK_FAILED = "a check the user asked for failed"
+
+
+class Note(Tagged):
+    """A warning of a report: its text (options named by the library; the command line
+    spells them as flags) and its :class:`NoteKind`."""
+
+    kind: NoteKind
+
+
+def dtype_text(dtype: np.dtype | str | None, label: str | None = None) -> str | None:
+    """A dtype as reports show it: the label of data that is not numbers, else its name."""
+    if label is not None or dtype is None or isinstance(dtype, str):
+        return label if label is not None else dtype  # type: ignore[return-value]
+    return dtype_name(dtype)
 
 
 @dataclass
@@ -31,7 +67,7 @@ class TensorReport:
 
     name: str
     shape: list[int]
-    dtype: str
+    dtype: np.dtype
     nbytes: int
     norm: float | None = None
     norm_after: float | None = None
@@ -55,6 +91,11 @@ class TensorReport:
     min_slice_norm: float | None = None
     near_zero_slices: int | None = None
     worst_slices: list[dict[str, Any]] | None = None
+    dtype_label: str | None = None  # shown instead of the dtype (data that is not numbers)
+
+    @property
+    def dtype_text(self) -> str:
+        return dtype_text(self.dtype, self.dtype_label)  # type: ignore[return-value]
 
     @property
     def nonfinite(self) -> int:
@@ -66,6 +107,8 @@ class TensorReport:
 
     def to_json(self) -> dict[str, Any]:
         item = {name: getattr(self, name) for name in _TENSOR_FIELDS}
+        item["dtype"] = self.dtype_text
+        del item["dtype_label"]
         item["shape"] = list(self.shape)
         item["nonfinite"] = {"nan": self.nan, "inf": self.inf}
         del item["nan"], item["inf"]
@@ -121,7 +164,7 @@ class FileReport:
     elapsed_s: float = 0.0
     dry_run: bool = False
     error: str | None = None
-    warnings: list[str] = field(default_factory=list)
+    warnings: list[Note] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
     others: list[OtherReport] = field(default_factory=list)
     would_write: str | None = None  # dry run: the output a real run would write
@@ -140,8 +183,9 @@ class FileReport:
     def nonfinite_tensors(self) -> list[str]:
         return [t.name for t in self.tensors if t.nonfinite]
 
-    def to_json(self) -> dict[str, Any]:
-        """The JSON Lines object for this file (schema documented in README)."""
+    def to_json(self, name: Naming = library_name) -> dict[str, Any]:
+        """The JSON Lines object for this file (schema documented in README); ``name``
+        names the options that warnings mention."""
         data = {
             "schema": SCHEMA_VERSION,
             "file": self.file,
@@ -159,7 +203,7 @@ class FileReport:
             "bytes_read": self.bytes_read,
             "bytes_written": self.bytes_written,
             "elapsed_s": round(self.elapsed_s, 6),
-            "warnings": self.warnings,
+            "warnings": [spelled(w, name) for w in self.warnings],
             "error": self.error,
         }
         if self.others:
@@ -204,10 +248,15 @@ def json_safe(value: Any) -> Any:
 class InfoTensor:
     name: str
     shape: list[int]
-    dtype: str
+    dtype: np.dtype
     nbytes: int
     attrs: dict[str, Any] = field(default_factory=dict)
     refused: str | None = None
+    dtype_label: str | None = None
+
+    @property
+    def dtype_text(self) -> str:
+        return dtype_text(self.dtype, self.dtype_label)  # type: ignore[return-value]
 
 
 @dataclass
@@ -221,17 +270,29 @@ class InfoReport:
     metadata: dict[str, Any]
     others: list[OtherReport] = field(default_factory=list)
 
+    def dtype_texts(self) -> list[str]:
+        """Each tensor's dtype as shown (one name per distinct dtype: a header can list a million tensors)."""
+        names: dict[tuple[np.dtype, str | None], str] = {}
+        out = []
+        for t in self.tensors:
+            key = (t.dtype, t.dtype_label)
+            text = names.get(key)
+            if text is None:
+                text = names[key] = t.dtype_text
+            out.append(text)
+        return out
+
     def params_by_dtype(self) -> dict[str, int]:
         counts: dict[str, int] = {}
-        for t in self.tensors:
-            counts[t.dtype] = counts.get(t.dtype, 0) + math.prod(t.shape)
+        for t, text in zip(self.tensors, self.dtype_texts()):
+            counts[text] = counts.get(text, 0) + math.prod(t.shape)
         return counts
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, name: Naming = library_name) -> dict[str, Any]:
         # Built by hand, not with asdict/json_safe: a header can list a million tensors.
         tensors = []
-        for t in self.tensors:
-            item = {"name": t.name, "shape": list(t.shape), "dtype": t.dtype, "nbytes": t.nbytes,
+        for t, text in zip(self.tensors, self.dtype_texts()):
+            item = {"name": t.name, "shape": list(t.shape), "dtype": text, "nbytes": t.nbytes,
                     "attrs": json_safe(t.attrs) if t.attrs else {}}
             if t.refused is not None:
                 item["refused"] = t.refused

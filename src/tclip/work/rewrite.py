@@ -12,15 +12,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
 from ..core.kernels import Scratch, clip_unit, scale_unit
 from ..core.stats import TensorStats, kept_index, normalize_axes
 from ..errors import TclipError, UnsupportedError
 from ..formats import TensorReader, TensorWriter, create_writer, open_reader
 from ..formats.registry import holds_metadata, output_format
+from ..messages import Option
 from .budget import Budget
 from .passes import Action, Block, HeldTensors, Progress, Walk, run_pass, tensor_walk
 from .plan import TensorWork
+from .results import Note, NoteKind
 
 
 @dataclass
@@ -34,7 +35,7 @@ class RewriteResult:
     bytes_read: int = 0
     bytes_written: int = 0
     elapsed_s: float = 0.0
-    warnings: list[str] = field(default_factory=list)
+    warnings: list[Note] = field(default_factory=list)
     measured: bool = True  # the after-statistics were measured
 
 
@@ -90,10 +91,10 @@ def _rewrite(reader: TensorReader, work: dict[str, TensorWork], target: Path | N
         if lost:
             listing = ", ".join(lost[:8]) + (f" and {len(lost) - 8} more" if len(lost) > 8 else "")
             if not drop_nonnumeric:
-                raise UnsupportedError(f"{output_format(target, reader) or 'the output format'} cannot hold {listing}; "
-                                       "nothing was written (--drop-nonnumeric drops them with a warning)",
-                                       reader.path)
-            result.warnings.append(f"dropped what the output format cannot hold: {listing}")
+                raise UnsupportedError((f"{output_format(target, reader) or 'the output format'} cannot hold "
+                                        f"{listing}; nothing was written (", Option.DROP_NONNUMERIC,
+                                        " drops them with a warning)"), reader.path)
+            result.warnings.append(Note(NoteKind.DROPPED, f"dropped what the output format cannot hold: {listing}"))
             tensors = [t for t in tensors if t.numeric]
     writer: TensorWriter | None = None
     if target is not None:

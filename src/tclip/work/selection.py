@@ -6,12 +6,16 @@ the header alone."""
 
 from __future__ import annotations
 
+import enum
 import fnmatch
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..core.dtypes import dtype_name, is_complex, is_floating
-from ..core.stats import normalize_axes
+from ..core.stats import axes_fault, axes_items, normalize_axes
 from ..formats import TensorInfo, TensorReader
+from ..messages import Tagged
 
 
 @dataclass(frozen=True)
@@ -39,49 +43,71 @@ class Selection:
                 if not any(fnmatch.fnmatchcase(n, p.lstrip("/")) for n in names)]
 
 
+class SkipKind(enum.Enum):
+    """Why a tensor is left as it is."""
+
+    NOT_SELECTED = "not selected"     # the globs (or a set's index) leave it out
+    REFUSED = "refused"               # the format will not read it (TensorInfo.refused)
+    NOT_NUMERIC = "not numeric"       # strings, opaque bytes, pickles: copied as they are
+    NOT_FLOATING = "not floating"     # integers, bool, complex: copied as they are
+    AXES = "axes"                     # its rank cannot take the axes
+
+
+class Skip(Tagged):
+    """A skip reason: the text shown in reports and JSON, and its :class:`SkipKind`."""
+
+    kind: SkipKind
+
+
 def axes_problem(ndim: int, axes: object) -> str | None:
     """Why a tensor of rank ``ndim`` cannot take ``axes`` (None if it can)."""
     if axes is None:
         return None
-    items = [axes] if isinstance(axes, int) else list(axes)  # type: ignore[call-overload]
-    seen: dict[int, int] = {}
-    for axis in items:
-        if not -ndim <= axis < ndim:
-            return f"rank {ndim} has no axis {axis}"
-        if axis % ndim in seen:
-            return f"axes {seen[axis % ndim]} and {axis} are the same axis at rank {ndim}"
-        seen[axis % ndim] = axis
-    return None
+    fault = axes_fault(axes_items(axes), ndim)
+    if fault is None:
+        return None
+    if fault.kind == "type":
+        raise TypeError(f"axes: expected integers, got {fault.axis!r}")
+    if fault.kind == "repeat":
+        return f"axes {fault.earlier} and {fault.axis} are the same axis at rank {ndim}"
+    return f"rank {ndim} has no axis {fault.axis}"
 
 
-def is_rank_skip(reason: str | None) -> bool:
-    return bool(reason) and reason.startswith(("rank ", "axes "))  # type: ignore[union-attr]
+def is_rank_skip(reason: Skip | None) -> bool:
+    """Whether a tensor was left out only because its rank cannot take the axes."""
+    return reason is not None and reason.kind is SkipKind.AXES
 
 
-def skip_reason(info: TensorInfo, selection: Selection, axes: object = None) -> str | None:
+def skip_reason(info: TensorInfo, selection: Selection, axes: object = None) -> Skip | None:
     """Why a tensor is left as it is (None: it is worked on). Every mode and the
     report select the same tensors: floating ones, matching the globs, whose rank
     can take the axes."""
     if not selection.matches(info.name):
-        return "not selected"
+        return Skip(SkipKind.NOT_SELECTED, "not selected")
     if info.refused:
-        return info.refused
+        return Skip(SkipKind.REFUSED, info.refused)
     if not info.numeric:
-        return f"{info.dtype_label or info.dtype} is not numeric"
+        return Skip(SkipKind.NOT_NUMERIC, f"{info.dtype_label or info.dtype} is not numeric")
     if not is_floating(info.dtype):
-        return f"{dtype_name(info.dtype)} is not floating-point"
-    return axes_problem(len(info.shape), axes)
+        return Skip(SkipKind.NOT_FLOATING, f"{dtype_name(info.dtype)} is not floating-point")
+    problem = axes_problem(len(info.shape), axes)
+    return None if problem is None else Skip(SkipKind.AXES, problem)
 
 
 @dataclass
 class TensorEntry:
-    """What pass 1 knows of one tensor of a file (plain data)."""
+    """What pass 1 knows of one tensor of a file (plain data).
+
+    ``dtype`` is the stored dtype; ``dtype_label`` what reports show instead for data
+    that is not numbers (None: the dtype's name).
+    """
 
     name: str
     shape: tuple[int, ...]
-    dtype: str
+    dtype: np.dtype
     nbytes: int
-    skipped: str | None = None
+    skipped: Skip | None = None
+    dtype_label: str | None = None
 
 
 def select(reader: TensorReader, selection: Selection, axes: object = None,
@@ -94,8 +120,7 @@ def select(reader: TensorReader, selection: Selection, axes: object = None,
     entries, to_read = [], {}
     for info in reader.tensors.values():
         reason = skip_reason(info, selection, axes)
-        entries.append(TensorEntry(info.name, tuple(info.shape), info.dtype_label or dtype_name(info.dtype),
-                                   info.nbytes, reason))
+        entries.append(TensorEntry(info.name, tuple(info.shape), info.dtype, info.nbytes, reason, info.dtype_label))
         if reason is None:
             to_read[info.name] = normalize_axes(axes, len(info.shape))
         elif whole_if_rank_skip and (is_rank_skip(reason) or (is_complex(info.dtype) and info.numeric

@@ -15,7 +15,6 @@ opens its own files by path."""
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from collections.abc import Callable
@@ -28,18 +27,39 @@ import numpy as np
 
 from ..core.modes import GlobalNormClip, NormClip, ValueClip, value_bounds
 from ..errors import OutputExistsError, TclipError, UnsupportedError
-from ..formats.sharded import IN_PROGRESS_KEY, TensorSet, is_index, load_index, resolve, write_index
+from ..formats.sharded import (
+    IN_PROGRESS_KEY,
+    TensorSet,
+    is_index,
+    load_index,
+    resolve,
+    write_index,
+)
+from ..messages import Option
 from .budget import Budget
 from .clip import file_info
 from .inputs import check_outputs, default_output
+from .journal import (
+    commit_marker,
+    journal_done,
+    journal_path,
+    mark_index,
+    read_journal,
+    write_journal,
+)
 from .options import ClipOptions
-from .journal import commit_marker, journal_done, journal_path, mark_index, read_journal, write_journal
 from .plan import Plan, TensorWork, make_plan
-from .policy import refuse_quantized, set_checks
-from .reporting import finish_report, mode_params, report_from_stats, start_report
-from .results import FileReport, InfoReport
+from .policy import check_nonfinite, check_selection, refuse_quantized
+from .reporting import (
+    finish_report,
+    global_norms,
+    mode_params,
+    report_from_stats,
+    start_report,
+)
+from .results import FileReport, InfoReport, Note, NoteKind
 from .rewrite import RewriteResult, rewrite_file
-from .selection import Selection
+from .selection import Selection, SkipKind
 from .statistics import FileStats, file_statistics
 
 
@@ -74,7 +94,7 @@ class TaskPool:
             try:
                 from dask.distributed import Client
             except ImportError:
-                raise UnsupportedError("--dask needs dask.distributed: pip install 'tclip[dask]'") from None
+                raise UnsupportedError((Option.DASK, " needs dask.distributed: pip install 'tclip[dask]'")) from None
             try:
                 self.client = Client(dask_address, timeout="30s", set_as_default=False)
             except (OSError, TimeoutError, ValueError) as error:
@@ -133,11 +153,12 @@ def _targets(tensor_set: TensorSet, options: ClipOptions) -> tuple[dict[Path, Pa
         if options.in_place:
             return {f: f for f in tensor_set.files}, tensor_set.index
         if options.out_dir is None:
-            raise TclipError("a sharded checkpoint needs --out-dir DIR (shards and index keep their names) "
-                             "or --in-place", tensor_set.index)
+            raise TclipError(("a sharded checkpoint needs ", Option.OUT_DIR, " DIR (shards and index keep their "
+                              "names) or ", Option.IN_PLACE), tensor_set.index)
         folder = Path(options.out_dir)
         if folder.resolve() == tensor_set.index.parent.resolve():
-            raise TclipError("--out-dir is the checkpoint's own folder; use --in-place for that", tensor_set.index)
+            raise TclipError((Option.OUT_DIR, " is the checkpoint's own folder; use ", Option.IN_PLACE, " for that"),
+                             tensor_set.index)
         return ({f: folder / f.relative_to(tensor_set.index.parent) for f in tensor_set.files},
                 folder / tensor_set.index.name)
     if options.in_place:
@@ -176,14 +197,14 @@ def clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_addres
     if not overwrite:
         for out in [*targets.values(), index_target]:
             if out is not None and os.path.lexists(out):
-                raise OutputExistsError("output already exists; pass --force to replace it", out)
+                raise OutputExistsError(("output already exists; pass ", Option.FORCE, " to replace it"), out)
     journal = journal_path(tensor_set) if options.in_place and tensor_set.index is not None else None
     if IN_PROGRESS_KEY in tensor_set.metadata:
         # A half-clipped checkpoint: clipping it anew would take the norm of a mix.
         if journal is None:
-            raise TclipError("an in-place run was interrupted here and some shards may be clipped and others "
-                             "not; finish it by rerunning that command (with --in-place), or restore the "
-                             "checkpoint", tensor_set.index)
+            raise TclipError(("an in-place run was interrupted here and some shards may be clipped and others "
+                              "not; finish it by rerunning that command (with ", Option.IN_PLACE, "), or restore the "
+                              "checkpoint"), tensor_set.index)
         if not journal.exists():
             raise TclipError(f"the index says an in-place run was interrupted, but its journal ({journal.name}) "
                              "is missing; restore the checkpoint from a copy", tensor_set.index)
@@ -203,13 +224,16 @@ def clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_addres
                                          {"progress": file_progress(f)}) for f in todo])
         report = _set_report(tensor_set, stats, mode)
         report.dry_run = options.dry_run
-        set_checks(report, stats, options, tensor_set)
+        if stats:
+            entries = [t for s in stats for t in _listed(tensor_set, s.tensors)]
+            report.warnings += check_selection(entries, tensor_set.names, mode, options, tensor_set.name, "set")
+        check_nonfinite(report, options, tensor_set.name)
         if resumed is not None:
             # The finished shards are clipped already: the global norm is the one recorded.
             if isinstance(mode, GlobalNormClip) and mode.use_norm is None:
                 mode = GlobalNormClip(mode.clip_norm, resumed["global_norm"])
-            report.warnings.append(f"resumed an unfinished run: {len(done)} of {len(files)} shard(s) were "
-                                   "clipped by it already")
+            report.warnings.append(Note(NoteKind.RESUMED, f"resumed an unfinished run: {len(done)} of {len(files)} "
+                                                          "shard(s) were clipped by it already"))
         plan = make_plan(mode, stats)
         if journal is not None and resumed is None:
             write_journal(journal, tensor_set, mode, options, stats, plan)
@@ -263,12 +287,20 @@ def _rewrite_all(engine: TaskPool, calls: list, order: list[Path], journal: Path
     return [results[f] for f in order]
 
 
+def _listed(tensor_set: TensorSet, tensors: list[Any]) -> list[Any]:
+    """The tensors (entries or report lines) a set's report shows: with an index, those the
+    selection picks from the index (a shard's other tensors are not the set's)."""
+    if tensor_set.allow is None:
+        return list(tensors)
+    return [t for t in tensors if t.skipped is None or t.skipped.kind is not SkipKind.NOT_SELECTED]
+
+
 def _set_report(tensor_set: TensorSet, stats: list[FileStats], mode: Any) -> FileReport:
     report = FileReport(file=tensor_set.name, mode=mode.name, params=mode_params(mode),
                         format=stats[0].format if stats else None)
     for s in stats:
         part = start_report(s, mode.name, {})
-        report.tensors += [t for t in part.tensors if t.skipped != "not selected" or tensor_set.allow is None]
+        report.tensors += _listed(tensor_set, part.tensors)
         report.others += part.others
         report.bytes_read += part.bytes_read
     report.members = [{"file": s.path, "output": None} for s in stats]
@@ -285,11 +317,10 @@ def _finish_set_report(report: FileReport, stats: list[FileStats], plan: Plan, r
         report.bytes_read += rewrites[s.path].bytes_read if s.path in rewrites else 0
         report.bytes_written += rewrites[s.path].bytes_written if s.path in rewrites else 0
         report.warnings += rewrites[s.path].warnings if s.path in rewrites else []
-    picked = [t for t in report.tensors if t.skipped is None]
-    report.global_norm = plan.global_norm if plan.global_norm is not None else \
-        math.sqrt(math.fsum((t.norm or 0.0) ** 2 for t in picked))
-    if all(t.norm_after is not None for t in picked):
-        report.global_norm_after = math.sqrt(math.fsum(t.norm_after ** 2 for t in picked))  # type: ignore[operator]
+    before, after = global_norms([t for t in report.tensors if t.skipped is None])
+    report.global_norm = plan.global_norm if plan.global_norm is not None else before
+    if after is not None:
+        report.global_norm_after = after
     report.members = [{"file": s.path, "output": None if targets[Path(s.path)] is None else str(targets[Path(s.path)]),
                        "bytes_written": rewrites[s.path].bytes_written if s.path in rewrites else 0}
                       for s in stats]
@@ -311,7 +342,7 @@ def report_set(tensor_set: TensorSet, selection: Selection, order: str, axes: An
     finally:
         engine.close()
     merged = FileStats(tensor_set.name, stats[0].format if stats else "", sum(s.size_bytes for s in stats),
-                       [t for s in stats for t in s.tensors if tensor_set.allow is None or t.skipped != "not selected"],
+                       [t for s in stats for t in _listed(tensor_set, s.tensors)],
                        {k: v for s in stats for k, v in s.stats.items()},
                        [o for s in stats for o in s.others], tensor_set.metadata,
                        sum(s.bytes_read for s in stats))
@@ -321,8 +352,9 @@ def report_set(tensor_set: TensorSet, selection: Selection, order: str, axes: An
     report = report_from_stats(merged, order, params, selection)
     report.members = [{"file": s.path, "output": None} for s in stats]
     if IN_PROGRESS_KEY in tensor_set.metadata:
-        report.warnings.append("an in-place run was interrupted here: some shards may be clipped and others not "
-                               "(rerun it with --in-place to finish it)")
+        report.warnings.append(Note(NoteKind.INTERRUPTED, ("an in-place run was interrupted here: some shards may be "
+                                                           "clipped and others not (rerun it with ", Option.IN_PLACE,
+                                                           " to finish it)")))
     report.elapsed_s = time.perf_counter() - started
     return report
 

@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
 from ..core.kernels import Scratch
 from ..core.stats import TensorStats
 from ..errors import TclipError
 from ..formats import TensorInfo, TensorReader, open_reader
+from ..messages import Option
 from .budget import Budget
 from .passes import Block, HeldTensors, Progress, run_pass, tensor_walk
 from .selection import Selection, TensorEntry, select
@@ -57,9 +57,9 @@ def _check_slice_memory(infos: list[tuple[TensorInfo, tuple[int, ...] | None]], 
         slices = math.prod(n for i, n in enumerate(info.shape) if i not in axes)
         total += slices * 16  # a float64 sum and a float64 scale per slice
         if total > budget.slice_bytes:
-            raise TclipError(f"tensor {info.name!r}: per-slice statistics of {slices:,} slices need "
-                             f"{total / 2**20:.0f} MiB, more than --memory allows for them "
-                             f"({budget.slice_bytes / 2**20:.0f} MiB); raise --memory", path)
+            raise TclipError((f"tensor {info.name!r}: per-slice statistics of {slices:,} slices need "
+                              f"{total / 2**20:.0f} MiB, more than ", Option.MEMORY, " allows for them "
+                              f"({budget.slice_bytes / 2**20:.0f} MiB); raise ", Option.MEMORY), path)
 
 
 def file_statistics(source: Path | str | TensorReader, *, selection: Selection | None = None, axes: object = None,

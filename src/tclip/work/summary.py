@@ -6,9 +6,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ..messages import Naming, library_name, spelled
 from ..text import natural_key
 from .results import SCHEMA_VERSION, FileReport, json_safe
-
 
 TOP_CHANGES = 10
 
@@ -54,7 +54,7 @@ def changes(previous: FileReport, current: FileReport, top: int = TOP_CHANGES) -
     return out[:top]
 
 
-def summary_json(reports: list[FileReport]) -> list[dict[str, Any]]:
+def summary_json(reports: list[FileReport], name: Naming = library_name) -> list[dict[str, Any]]:
     """One object per file, in natural order, with the changes since the previous file."""
     items = []
     ordered = in_natural_order(reports)
@@ -72,6 +72,6 @@ def summary_json(reports: list[FileReport]) -> list[dict[str, Any]]:
                           "inf": sum(t.inf for t in bad)},
             "previous": ordered[i - 1].file if i else None,
             "changes": changes(ordered[i - 1], report) if i else [],
-            "warnings": report.warnings,
+            "warnings": [spelled(w, name) for w in report.warnings],
         }))
     return items

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 from rich.console import Console
 from rich.text import Text
 
 from ...text import fmt_column, natural_key, safe
-from ...work.diff import DiffReport, TensorDiff
+from ...work.diff import UNMATCHED, DiffReport, RemarkKind, Status, TensorDiff
+from ...work.results import dtype_text
 from .table import Column, human_bytes, lay_out, print_lines, short_dtype, symbols_for
 
 
@@ -31,18 +33,22 @@ def render_diff(report: DiffReport, console: Console, width: int | None, *, sort
     symbols = symbols_for(console)
     lines = [Text(f"{safe(report.a)}  vs  {safe(report.b)}", style="bold")]
     tolerance = "exact" if report.rtol == 0 and report.atol == 0 else f"rtol {report.rtol:g}, atol {report.atol:g}"
-    compared = [t for t in report.tensors if t.status == "compared"]
+    compared = [t for t in report.tensors if t.status is Status.COMPARED]
     differing = _order([t for t in compared if t.differs], sort)
     same = len(compared) - len(differing)
     shown = differing[:top] if top is not None else differing
     if shown:
         names = [t.name if t.name_b is None else f"{t.name} {symbols.arrow} {t.name_b}" for t in shown]
-        dtypes = [t.dtype_a if t.dtype_a == t.dtype_b else f"{t.dtype_a}/{t.dtype_b}" for t in shown]
+        dtypes, short = [], []
+        for t in shown:
+            a, b = dtype_text(t.dtype_a), dtype_text(t.dtype_b)
+            dtypes.append(a if a == b else f"{a}/{b}")
+            short.append(_short(t.dtype_a) if a == b else f"{_short(t.dtype_a)}/{_short(t.dtype_b)}")
         columns = [
             Column("shape", "shape", [Text(symbols.times.join(map(str, t.shape_a or [])) or "()") for t in shown],
                    drop=2),
             Column("dtype", "dtype", [Text(d) for d in dtypes], drop=3,
-                   short_cells=[Text("/".join(short_dtype(x) for x in d.split("/"))) for d in dtypes]),
+                   short_cells=[Text(s) for s in short]),
             Column("diff", "‖a−b‖" if symbols.arrow == "→" else "|a-b|",
                    [Text(x) for x in fmt_column([t.diff_norm for t in shown])], "right"),
             Column("rel", "relative", [Text(x) for x in fmt_column([t.relative for t in shown])], "right"),
@@ -61,26 +67,26 @@ def render_diff(report: DiffReport, console: Console, width: int | None, *, sort
                           style="dim"))
     if same:
         lines.append(Text(f"{same} tensor(s) equal ({tolerance})", style="dim"))
-    for status in ("only in A", "only in B", "shape differs", "not compared"):
-        items = [t for t in report.tensors if t.status == status]
+    for status in (*UNMATCHED, Status.NOT_COMPARED):
+        items = [t for t in report.tensors if t.status is status]
         if not items:
             continue
         parts = []
         for t in items[:12]:
-            if status == "shape differs":
+            if status is Status.SHAPE_DIFFERS:
                 parts.append(f"{safe(t.name)} ({symbols.times.join(map(str, t.shape_a or []))} vs "
                              f"{symbols.times.join(map(str, t.shape_b or []))})")
-            elif status == "not compared":
+            elif status is Status.NOT_COMPARED:
                 parts.append(f"{safe(t.name)} ({safe(t.note or '')})")
             else:
                 parts.append(safe(t.name))
         more = f" and {len(items) - 12} more" if len(items) > 12 else ""
-        lines.append(Text(f"{status}: {', '.join(parts)}{more}", style="yellow" if status != "not compared" else "dim"))
-    for label, picked in (("compared as values", [t for t in compared if t.note and t.note.startswith("dtypes")]),
-                          ("not numbers, compared exactly",
-                           [t for t in compared if t.note and t.note.startswith("not numbers")])):
+        lines.append(Text(f"{status.value}: {', '.join(parts)}{more}",
+                          style="yellow" if status is not Status.NOT_COMPARED else "dim"))
+    for label, kinds, reason in (("compared as values", (RemarkKind.DTYPES_DIFFER,), " (dtypes differ)"),
+                                 ("not numbers, compared exactly", (RemarkKind.BYTES, RemarkKind.AS_DATA), "")):
+        picked = [t for t in compared if t.note is not None and t.note.kind in kinds]
         if picked:
-            reason = " (dtypes differ)" if label == "compared as values" else ""
             lines.append(Text(f"{label}: {', '.join(safe(t.name) for t in picked[:6])}"
                               + (f" and {len(picked) - 6} more" if len(picked) > 6 else "") + reason, style="dim"))
     verdict = "differ" if report.differs else "same"
@@ -93,6 +99,10 @@ def render_diff(report: DiffReport, console: Console, width: int | None, *, sort
                                 f"tolerance: {tolerance}"]), style="dim"))
     print_lines(console, lines)
     console.print()
+
+
+def _short(dtype: np.dtype | str | None) -> str:
+    return short_dtype(dtype) if isinstance(dtype, np.dtype) else (dtype or "")
 
 
 def _cosine(value: float | None) -> str:

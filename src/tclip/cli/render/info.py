@@ -29,11 +29,14 @@ PLAIN_ROWS = 5000
 
 
 def _plain_info_table(tensors: list[Any], width: int | None, symbols: Symbols) -> list[str]:
+    names: dict[tuple[Any, str | None], str] = {}  # one name per distinct dtype: a million rows
+    dtypes = [names.get((t.dtype, t.dtype_label)) or names.setdefault((t.dtype, t.dtype_label), t.dtype_text)
+              for t in tensors]
     shapes = [symbols.times.join(map(str, t.shape)) or "()" for t in tensors]
     params = [f"{math.prod(t.shape):,}" for t in tensors]
     sizes = [human_bytes(t.nbytes) for t in tensors]
     widths = [max(len(h), max(map(len, col), default=0)) for h, col in
-              (("shape", shapes), ("dtype", [t.dtype for t in tensors]), ("params", params), ("bytes", sizes))]
+              (("shape", shapes), ("dtype", dtypes), ("params", params), ("bytes", sizes))]
     room = None if width is None else max(MIN_NAME_WIDTH, width - sum(widths) - GAP * 4)
     shown = shorten_names([t.name for t in tensors], room, symbols.ellipsis)
     name_width = max([6] + [len(v) for v in shown.values()])
@@ -41,9 +44,9 @@ def _plain_info_table(tensors: list[Any], width: int | None, symbols: Symbols) -
     lines = [f"{'tensor'.ljust(name_width)}{sep}{'shape'.ljust(widths[0])}{sep}{'dtype'.ljust(widths[1])}{sep}"
              f"{'params'.rjust(widths[2])}{sep}{'bytes'.rjust(widths[3])}"]
     lines.append(symbols.rule * len(lines[0]))
-    for t, shape, count, size in zip(tensors, shapes, params, sizes):
+    for t, shape, dtype, count, size in zip(tensors, shapes, dtypes, params, sizes):
         lines.append(f"{safe(shown[t.name]).ljust(name_width)}{sep}{shape.ljust(widths[0])}{sep}"
-                     f"{t.dtype.ljust(widths[1])}{sep}{count.rjust(widths[2])}{sep}{size.rjust(widths[3])}")
+                     f"{dtype.ljust(widths[1])}{sep}{count.rjust(widths[2])}{sep}{size.rjust(widths[3])}")
     return lines
 
 
@@ -60,8 +63,8 @@ def render_info(info: InfoReport, console: Console, *, width: int | None = -1, s
         tensors = []
     columns = [
         Column("shape", "shape", [Text(symbols.times.join(map(str, t.shape)) or "()") for t in tensors], drop=2),
-        Column("dtype", "dtype", [Text(t.dtype) for t in tensors], short_cells=[Text(short_dtype(t.dtype))
-                                                                               for t in tensors], drop=3),
+        Column("dtype", "dtype", [Text(t.dtype_text) for t in tensors],
+               short_cells=[Text(short_dtype(t.dtype, t.dtype_label)) for t in tensors], drop=3),
         Column("params", "params", [Text(f"{math.prod(t.shape):,}") for t in tensors], "right", drop=1),
         Column("bytes", "bytes", [Text(human_bytes(t.nbytes)) for t in tensors], "right", drop=0),
     ]

@@ -11,6 +11,7 @@ from rich.text import Text
 
 from ...text import fmt_column, fmt_number, natural_key, safe
 from ...work.results import FileReport, TensorReport, slice_label
+from ...work.selection import SkipKind, is_rank_skip
 from .table import (
     UNICODE,
     Column,
@@ -91,8 +92,8 @@ def file_lines(report: FileReport, width: int | None, symbols: Symbols = UNICODE
 
     reading_order = report.mode == "report"
     columns = [Column("shape", "shape", shapes, drop=3 if reading_order else 1),
-               Column("dtype", "dtype", [Text(t.dtype) for t in tensors], drop=5 if reading_order else 2,
-                      short_cells=[Text(short_dtype(t.dtype)) for t in tensors])]
+               Column("dtype", "dtype", [Text(t.dtype_text) for t in tensors], drop=5 if reading_order else 2,
+                      short_cells=[Text(short_dtype(t.dtype, t.dtype_label)) for t in tensors])]
     if reading:
         label = {"2": "L2 norm", "1": "L1 norm", "inf": "max |x|"}.get(report.ord, "norm")
         norm_cells = numbers([t.norm for t in tensors])
@@ -163,21 +164,28 @@ def file_lines(report: FileReport, width: int | None, symbols: Symbols = UNICODE
 
 def skipped_lines(report: FileReport, symbols: Symbols = UNICODE) -> list[Text]:
     """'skipped (reason): name, …' grouped by reason, under the table; then what is not a tensor."""
-    reasons: dict[str, list[str]] = {}
-    skipped = [t for t in report.tensors if t.skipped is not None and t.skipped != "not selected"]
+    # (how it is shown, the reason) -> names, in order of first appearance
+    reasons: dict[tuple[str, str], list[str]] = {}
+    skipped = [t for t in report.tensors if t.skipped is not None and t.skipped.kind is not SkipKind.NOT_SELECTED]
     for t in sorted(skipped, key=lambda t: natural_key(t.name)):
-        if t.norm is not None and t.skipped.startswith(("rank ", "axes ")):  # the report measured it whole
-            reasons.setdefault(f"no slices: {t.skipped}; measured whole", []).append(t.name)
+        if t.norm is not None and is_rank_skip(t.skipped):
+            form = "measured whole"  # the report measured it whole
         elif t.norm is not None:
-            reasons.setdefault(f"measured, not clipped and not in the global norm ({t.skipped})", []).append(t.name)
+            form = "measured"
         else:
-            reasons.setdefault(t.skipped, []).append(t.name)
+            form = "skipped"
+        reasons.setdefault((form, str(t.skipped)), []).append(t.name)
     for o in report.others:
-        reasons.setdefault(f"not a tensor: {o.kind}", []).append(o.name)
+        reasons.setdefault(("skipped", f"not a tensor: {o.kind}"), []).append(o.name)
     lines = []
-    for reason, names in reasons.items():
+    for (form, reason), names in reasons.items():
         shown = ", ".join(safe(n) for n in names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
-        label = safe(reason) if reason.startswith(("no slices", "measured")) else f"skipped ({safe(reason)})"
+        if form == "measured whole":
+            label = f"no slices: {safe(reason)}; measured whole"
+        elif form == "measured":
+            label = f"measured, not clipped and not in the global norm ({safe(reason)})"
+        else:
+            label = f"skipped ({safe(reason)})"
         lines.append(Text(f"{label}: {shown}", style="dim"))
     return lines
 

@@ -22,9 +22,11 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 from rich.console import Console
 from rich.text import Text
 
+from ...core.dtypes import is_big_endian
 from ...text import safe
 
 NAME_WIDTH = 40
@@ -343,10 +345,14 @@ _SHORT_DTYPES = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16
                  "int32": "i32", "int16": "i16", "int8": "i8", "uint8": "u8", "bool": "bool", "complex64": "c64"}
 
 
-def short_dtype(dtype: str) -> str:
-    if dtype in _SHORT_DTYPES:
-        return _SHORT_DTYPES[dtype]
-    return dtype.replace("float8_", "f8").replace("float", "f").replace(" (big-endian)", ">")
+def short_dtype(dtype: np.dtype | None, label: str | None = None) -> str:
+    """A dtype in a few characters (``f32``, ``bf16``, ``f8e4m3fn``, ``f32>`` big-endian); a label as it is."""
+    if label is not None or dtype is None:
+        return label or ""
+    name = dtype.name
+    if is_big_endian(dtype):
+        return name.replace("float8_", "f8").replace("float", "f") + ">"
+    return _SHORT_DTYPES.get(name) or name.replace("float8_", "f8").replace("float", "f")
 
 
 def print_lines(console: Console, lines: Sequence[Text]) -> None:
