@@ -1,0 +1,120 @@
+"""A format is one module plus registration: the registry, a toy format through the CLI, lazy h5py."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import toy_format
+from click.testing import CliRunner
+
+import tclip
+from tclip.cli import cli
+from tclip.formats import registry
+
+RNG = np.random.default_rng(7)
+
+
+def run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+@pytest.fixture
+def toy():
+    registry.register(toy_format)
+    yield toy_format
+    registry.unregister(toy_format)
+
+
+def test_every_format_module_exports_the_protocol_and_one_writer_signature():
+    signatures = set()
+    for module in registry.FORMATS:
+        for name in ("NAME", "SUFFIXES", "sniff", "Reader", "Writer"):
+            assert hasattr(module, name), (module.__name__, name)
+        parameters = inspect.signature(module.Writer).parameters
+        signatures.add(tuple((p.name, p.kind) for p in parameters.values()))
+        assert not any(p.kind is p.VAR_KEYWORD for p in parameters.values()), module.__name__
+    assert len(signatures) == 1
+
+
+def test_a_module_without_the_protocol_is_not_registered():
+    with pytest.raises(ValueError, match="lacks"):
+        registry.register(json)
+
+
+def test_the_suffixes_come_from_the_registry(tmp_path, toy):
+    assert registry.suffixes()[".toy"] == "toy"
+    result = run("norm", "--clip", "1", "-o", tmp_path / "x.txt", tmp_path / "a.npy")
+    assert result.exit_code == 2
+    assert "the suffix must be .npy, .npz, .safetensors, .h5, .hdf5 or .toy" in result.stderr
+
+
+def test_info_report_and_norm_on_a_toy_format(tmp_path, toy):
+    w = (RNG.standard_normal((30, 20)) * 3).astype(np.float32)
+    b = RNG.standard_normal(20).astype(np.float32)
+    steps = np.arange(4, dtype=np.int8)
+    toy.write(tmp_path / "g.toy", {"w": w, "b": b, "steps": steps})
+
+    info = run("info", "--json", tmp_path / "g.toy")
+    assert info.exit_code == 0, info.stderr
+    listed = json.loads(info.stdout)
+    assert listed["format"] == "toy"
+    assert [(t["name"], t["shape"], t["dtype"]) for t in listed["tensors"]] == [
+        ("w", [30, 20], "float32"), ("b", [20], "float32"), ("steps", [4], "int8")]
+
+    report = run("report", "--json", tmp_path / "g.toy")
+    assert report.exit_code == 0, report.stderr
+    norms = {t["name"]: t["norm"] for t in json.loads(report.stdout)["tensors"]}
+    assert norms["w"] == pytest.approx(float(np.linalg.norm(w.astype(np.float64))), rel=1e-12)
+    assert norms["steps"] is None
+
+    clipped = run("norm", "--clip", "1", "--axes", "1", tmp_path / "g.toy")
+    assert clipped.exit_code == 0, clipped.stderr
+    got = toy.read(tmp_path / "g.clipped.toy")
+    np.testing.assert_array_equal(got["b"], b)  # rank 1 cannot take axis 1: left unchanged
+    np.testing.assert_array_equal(got["w"], tclip.clip_by_norm(w, 1.0, axes=1))
+    np.testing.assert_array_equal(got["steps"], steps)
+
+
+def test_a_toy_file_converts_to_and_from_another_format(tmp_path, toy):
+    w = RNG.standard_normal((8, 8)).astype(np.float32)
+    np.save(tmp_path / "w.npy", w)
+    result = run("global", "--clip", "2", "-o", tmp_path / "w.toy", tmp_path / "w.npy")
+    assert result.exit_code == 0, result.stderr
+    want, _ = tclip.clip_by_global_norm([w], 2.0)
+    np.testing.assert_array_equal(toy.read(tmp_path / "w.toy")["w"], want[0])
+    back = run("norm", "--clip", "100", "-o", tmp_path / "back.npy", tmp_path / "w.toy")
+    assert back.exit_code == 0, back.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "back.npy"), want[0])
+
+
+def test_a_logical_tensor_is_measured_through_its_encoding(tmp_path, toy):
+    """The seam for quantized weights: pass 1 reads the values an encoding gives, not the stored codes."""
+    codes = RNG.integers(-100, 100, (40, 70)).astype(np.int8)
+    toy.write(tmp_path / "q.toy", {"x.codes": codes, "x.scale": np.array([0.25], np.float32),
+                                   "y": np.ones(3, np.float32)})
+    report = run("report", "--json", "--axes", "1", tmp_path / "q.toy")
+    assert report.exit_code == 0, report.stderr
+    tensors = {t["name"]: t for t in json.loads(report.stdout)["tensors"]}
+    assert set(tensors) == {"x", "y"}
+    values = codes.astype(np.float64) * 0.25
+    assert tensors["x"]["norm"] == pytest.approx(float(np.linalg.norm(values)), rel=1e-12)
+    assert tensors["x"]["max"] == pytest.approx(float(values.max()))
+    assert tensors["x"]["slices"] == 40
+
+
+def test_a_run_that_meets_no_hdf5_file_never_imports_h5py(tmp_path):
+    np.save(tmp_path / "g.npy", np.ones((4, 4), np.float32))
+    code = ("import sys\n"
+            "from click.testing import CliRunner\n"
+            "from tclip.cli import cli\n"
+            f"for args in (['report', {str(tmp_path / 'g.npy')!r}], ['norm', '--clip', '1', {str(tmp_path / 'g.npy')!r}],"
+            f" ['info', {str(tmp_path / 'g.npy')!r}]):\n"
+            "    assert CliRunner().invoke(cli, args).exit_code == 0\n"
+            "print('h5py' in sys.modules, 'tclip.formats.hdf5' in sys.modules)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.split() == ["False", "True"]  # the format module is there, its library is not
