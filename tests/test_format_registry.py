@@ -118,3 +118,11 @@ def test_a_run_that_meets_no_hdf5_file_never_imports_h5py(tmp_path):
             "print('h5py' in sys.modules, 'tclip.formats.hdf5' in sys.modules)\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.split() == ["False", "True"]  # the format module is there, its library is not
+
+
+def test_a_malformed_toy_file_is_one_clean_error(tmp_path, toy):
+    (tmp_path / "bad.toy").write_bytes(toy.MAGIC + b"\xff\xff\xff\x7f")  # a count of tensors that is not there
+    result = run("report", tmp_path / "bad.toy")
+    assert result.exit_code == 1
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"Error: {tmp_path / 'bad.toy'}: malformed toy file (")

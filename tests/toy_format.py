@@ -77,36 +77,40 @@ class ToyReader(TensorReader):
     def __init__(self, path: Path) -> None:
         super().__init__(path)
         self._file = open(path, "rb")
-        self.offsets: dict[str, int] = {}
-        stored: dict[str, TensorInfo] = {}
-        data = self._file.read()
-        if not data.startswith(MAGIC):
-            raise FormatError("not a toy file", path)
-        (count,) = struct.unpack_from("<I", data, 8)
-        position, infos = 12, []
-        for _ in range(count):
-            (length,) = struct.unpack_from("<H", data, position)
-            name = data[position + 2:position + 2 + length].decode("utf-8")
-            position += 2 + length
-            (rank,) = struct.unpack_from("<B", data, position)
-            shape = struct.unpack_from(f"<{rank}I", data, position + 1)
-            (code,) = struct.unpack_from("<B", data, position + 1 + 4 * rank)
-            position += 2 + 4 * rank
-            infos.append(TensorInfo(name, tuple(shape), DTYPES[code]))
-        for info in infos:
-            self.offsets[info.name] = position
-            position += info.nbytes
-            stored[info.name] = info
-        if position != os.fstat(self._file.fileno()).st_size:
-            raise FormatError("the data does not fill the file", path)
-        for name, info in stored.items():
-            base = name[: -len(".codes")]
-            if name.endswith(".codes") and f"{base}.scale" in stored:
-                self.tensors[base] = TensorInfo(base, info.shape, np.dtype(np.float32),
-                                                encoding=ScaledCodes(name, f"{base}.scale"))
-            elif not (name.endswith(".scale") and f"{name[:-len('.scale')]}.codes" in stored):
-                self.tensors[name] = info
-        self.stored = stored
+        try:
+            self.offsets: dict[str, int] = {}
+            stored: dict[str, TensorInfo] = {}
+            data = self._file.read()
+            if not data.startswith(MAGIC):
+                raise FormatError("not a toy file", path)
+            (count,) = struct.unpack_from("<I", data, 8)
+            position, infos = 12, []
+            for _ in range(count):
+                (length,) = struct.unpack_from("<H", data, position)
+                name = data[position + 2:position + 2 + length].decode("utf-8")
+                position += 2 + length
+                (rank,) = struct.unpack_from("<B", data, position)
+                shape = struct.unpack_from(f"<{rank}I", data, position + 1)
+                (code,) = struct.unpack_from("<B", data, position + 1 + 4 * rank)
+                position += 2 + 4 * rank
+                infos.append(TensorInfo(name, tuple(shape), DTYPES[code]))
+            for info in infos:
+                self.offsets[info.name] = position
+                position += info.nbytes
+                stored[info.name] = info
+            if position != os.fstat(self._file.fileno()).st_size:
+                raise FormatError("the data does not fill the file", path)
+            for name, info in stored.items():
+                base = name[: -len(".codes")]
+                if name.endswith(".codes") and f"{base}.scale" in stored:
+                    self.tensors[base] = TensorInfo(base, info.shape, np.dtype(np.float32),
+                                                    encoding=ScaledCodes(name, f"{base}.scale"))
+                elif not (name.endswith(".scale") and f"{name[:-len('.scale')]}.codes" in stored):
+                    self.tensors[name] = info
+            self.stored = stored
+        except BaseException:
+            self._file.close()  # a reader that cannot open leaves nothing open
+            raise
 
     def region(self, name: str) -> tuple[int, int] | None:
         return (self._file.fileno(), self.offsets[name]) if name in self.offsets else None

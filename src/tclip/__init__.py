@@ -37,10 +37,10 @@ _EXPORTS = {
     "scale_for_piece": "core.modes",
     "apply_scale": "core.modes",
     "stats_axes": "core.modes",
-    "clip_file": "pipeline",
-    "report_file": "pipeline",
-    "file_info": "pipeline",
-    "diff_files": "diff",
+    "clip_file": "work.clip",
+    "report_file": "work.clip",
+    "file_info": "work.clip",
+    "diff_files": "work.diff",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -1,8 +1,8 @@
 """Signals that ask tclip to stop, as seen by long-running loops (no terminal, no click here).
 
-The command line's handlers (:mod:`tclip._entry`) raise :class:`Terminated` at once;
+The command line's handlers (:mod:`tclip.cli.entry`) raise :class:`Terminated` at once;
 when Python swallows that exception (a signal landing inside a weakref callback or a
-destructor is "ignored"), the request is still recorded here, and the engine's loops
+destructor is "ignored"), the request is still recorded here, and the pass driver's loops
 call :func:`check` between blocks, so the run stops within one block anyway.
 """
 

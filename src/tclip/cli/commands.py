@@ -27,7 +27,7 @@ from .params import (
     AxesType,
     FiniteFloat,
     display_options,
-    engine_options,
+    budget_options,
     file_arguments,
     output_options,
     selection_options,
@@ -208,7 +208,7 @@ def global_command(ctx: click.Context, clip_norm: float, use_norm: float | None,
 @click.option("--summary", is_flag=True,
               help="One row per file (natural order), then the tensors that changed most between files.")
 @click.option("--across-files", is_flag=True, help="Treat all FILEs as one tensor set (one global norm).")
-@engine_options
+@budget_options
 @selection_options("Include")
 @display_options
 @file_arguments
@@ -259,7 +259,7 @@ def info_command(ctx: click.Context, **kwargs: Any) -> None:
 @click.option("--sort", type=click.Choice(["diff", "name", "order"]), default="diff", show_default=True,
               help="Rows by relative difference (largest first), by name, or in A's order.")
 @click.option("--top", type=click.IntRange(min=1), default=None, help="Only the K largest differences.")
-@engine_options
+@budget_options
 @selection_options("Compare")
 @display_options
 @click.pass_context

@@ -91,7 +91,7 @@ def file_arguments(f: Callable) -> Callable:
     return click.argument("files", nargs=-1, required=True, metavar="FILE...", type=FILES)(f)
 
 
-def engine_options(f: Callable) -> Callable:
+def budget_options(f: Callable) -> Callable:
     f = click.option("--memory", type=SizeType(), default="256M", show_default=True,
                      help="Working-set budget: block buffers and per-slice statistics (e.g. 64M, 2G).")(f)
     return click.option("--threads", type=click.IntRange(min=1), default=None,
@@ -127,7 +127,7 @@ def output_options(f: Callable) -> Callable:
         click.option("--fail-fast", is_flag=True, help="Stop at the first file that fails."),
     ]):
         f = decorator(f)
-    return selection_options(engine_options(f))
+    return selection_options(budget_options(f))
 
 
 def display_options(f: Callable) -> Callable:

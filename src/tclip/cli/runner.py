@@ -281,7 +281,7 @@ def run_clip(mode: Any, *, files: tuple[str, ...], recursive: bool, output: Path
 def _check_run_outputs(inputs: list[tuple[str, Path | None]], options: Any, use_sets: bool,
                        across_files: bool) -> None:
     """No output of the run is one of its inputs, and no two inputs share an output
-    (see :func:`tclip.pipeline.check_outputs`); inputs that cannot be read are left
+    (see :func:`tclip.work.inputs.check_outputs`); inputs that cannot be read are left
     to fail on their own turn."""
     from ..work.inputs import check_outputs, output_for
     from ..work.sets import group_sets, planned_outputs

@@ -2,7 +2,7 @@
 
 Every function takes array-likes, keeps the input's shape and dtype, accumulates
 norms in float64 and rounds each result once back to the input's dtype. They are
-thin uses of :mod:`tclip.core.stats` (pass 1) and :mod:`tclip.core.plan` (scale factors),
+thin uses of :mod:`tclip.core.stats` (pass 1) and :mod:`tclip.core.modes` (scale factors),
 the same code the file pipeline runs piece by piece. No I/O happens here.
 
 Where these differ from TensorFlow 2.21 on purpose, the docstring says so.

@@ -199,7 +199,7 @@ class AtomicOutput:
         """Make the temporary file the target. With ``marker``, first write there (durably)
         which file is about to become the target (its device, inode and size, which the
         rename keeps): after a crash between the rename and whatever the caller records
-        next, the marker tells the new file from the old (see tclip.tensorset)."""
+        next, the marker tells the new file from the old (see tclip.work.journal)."""
         try:
             self.check()
             os.fsync(self._fd)

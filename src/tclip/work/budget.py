@@ -1,7 +1,7 @@
 """Runs the blocks of one pass over a file on a pool of threads, within a memory budget.
 
 A pass is a stream of jobs in file order: the blocks of each tensor (runs of
-whole units, :mod:`tclip.units`) and, between them, copies of untouched
+whole units, :mod:`tclip.core.units`) and, between them, copies of untouched
 tensors. Workers read a block (when the reader allows reads from any thread),
 compute on it (NumPy releases the GIL) and, when the writer allows writes from
 any thread, write it. The main thread then takes the results *in job order*:

@@ -2,7 +2,7 @@
 
 Tensors are matched by name (``--map OLD=NEW`` renames A's names first, ``*``
 standing for any text). For each pair of the same shape both files are read in
-step, unit by unit (:mod:`tclip.units`), and the differences are summed exactly,
+step, unit by unit (:mod:`tclip.core.units`), and the differences are summed exactly,
 so the numbers do not depend on the block size or the thread count:
 
 - ``‖a−b‖₂``, ``‖a−b‖₂ / ‖a‖₂``, ``max |a−b|``, the cosine similarity;

@@ -24,7 +24,7 @@ class ClipOptions:
         strict: tensors whose rank cannot take ``--axes`` are an error, not skipped.
         dry_run: compute the report, write nothing.
         block_bytes: the largest block read at once (None: sized from ``memory``).
-        memory, threads: the budget of a pass (:class:`tclip.engine.Budget`).
+        memory, threads: the budget of a pass (:class:`tclip.work.budget.Budget`).
         drop_nonnumeric: a conversion drops what the output format cannot hold
             (non-numeric datasets, metadata), with a warning, instead of failing.
         hold_bytes: tensors up to this size that pass 1 reads are kept in memory for

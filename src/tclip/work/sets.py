@@ -168,7 +168,7 @@ def _targets(tensor_set: TensorSet, options: ClipOptions) -> tuple[dict[Path, Pa
 
 def planned_outputs(tensor_set: TensorSet, options: ClipOptions) -> tuple[dict[Path, Path], list[Path]]:
     """What a run that is not ``--in-place`` would write: each input (shards and index)
-    with its output, and every input of the set, for :func:`tclip.pipeline.check_outputs`."""
+    with its output, and every input of the set, for :func:`tclip.work.inputs.check_outputs`."""
     if tensor_set.index is not None and not tensor_set.files:
         tensor_set = load_index(tensor_set.index)
     targets, index_target = _targets(tensor_set, replace(options, dry_run=False))
@@ -212,15 +212,15 @@ def clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_addres
     if options.dry_run:
         journal = None  # a dry run shows what a resumed run would do, and writes nothing
     files = tensor_set.files
-    engine = TaskPool(options.budget, len(files), dask_address)
+    pool = TaskPool(options.budget, len(files), dask_address)
     try:
         def file_progress(file: Path) -> Callable[[int], None] | None:
-            return progress(str(file)) if progress is not None and engine.local else None
+            return progress(str(file)) if progress is not None and pool.local else None
 
         done = set(resumed["done"]) if resumed is not None else set()
         todo = [f for f in files if str(f) not in done]
         selections = {f: _selection_for(tensor_set, f, options.selection) for f in files}
-        stats = engine.map(stats_task, [((str(f), selections[f], axes, engine.task_budget),
+        stats = pool.map(stats_task, [((str(f), selections[f], axes, pool.task_budget),
                                          {"progress": file_progress(f)}) for f in todo])
         report = _set_report(tensor_set, stats, mode)
         report.dry_run = options.dry_run
@@ -245,10 +245,10 @@ def clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_addres
             target = targets[f]
             marker = {"commit_marker": str(commit_marker(f))} if journal is not None else {}
             calls.append(((str(f), plan.work[s.path], None if target is None else str(target), axes,
-                           overwrite or not engine.local, engine.task_budget, options.drop_nonnumeric),
+                           overwrite or not pool.local, pool.task_budget, options.drop_nonnumeric),
                           {"progress": file_progress(f), **marker}))
             order.append(f)
-        results = _rewrite_all(engine, calls, order, journal)
+        results = _rewrite_all(pool, calls, order, journal)
         rewrites = {r.path: r for r in results}
         _finish_set_report(report, stats, plan, rewrites, targets)
         if plan.global_norm is not None:
@@ -259,17 +259,17 @@ def clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_addres
             if journal is not None:
                 journal.unlink(missing_ok=True)
     finally:
-        engine.close()
+        pool.close()
     report.elapsed_s = time.perf_counter() - started
     return report
 
 
-def _rewrite_all(engine: TaskPool, calls: list, order: list[Path], journal: Path | None) -> list[RewriteResult]:
+def _rewrite_all(pool: TaskPool, calls: list, order: list[Path], journal: Path | None) -> list[RewriteResult]:
     if journal is None:
-        return engine.map(rewrite_task, calls)
+        return pool.map(rewrite_task, calls)
     # In place: every shard that is replaced is written down in the journal as soon as it
     # is, even when the run stops (an error, Ctrl-C) while other shards are being written.
-    futures = {engine.executor.submit(rewrite_task, *args, **kwargs): file
+    futures = {pool.executor.submit(rewrite_task, *args, **kwargs): file
                for (args, kwargs), file in zip(calls, order)}
     results: dict[Path, RewriteResult] = {}
     try:
@@ -332,15 +332,15 @@ def report_set(tensor_set: TensorSet, selection: Selection, order: str, axes: An
     """The read-only report of a set: every tensor of every file, one global norm."""
     started = time.perf_counter()
     tensor_set = resolve(tensor_set)
-    engine = TaskPool(budget, len(tensor_set.files), dask_address)
+    pool = TaskPool(budget, len(tensor_set.files), dask_address)
     try:
-        stats = engine.map(stats_task, [((str(f), _selection_for(tensor_set, f, selection), axes, engine.task_budget),
+        stats = pool.map(stats_task, [((str(f), _selection_for(tensor_set, f, selection), axes, pool.task_budget),
                                          {"track_l1": order == "1", "track_moments": moments,
                                           "whole_if_rank_skip": True,
                                           "progress": progress(str(f)) if progress is not None else None})
                                         for f in tensor_set.files])
     finally:
-        engine.close()
+        pool.close()
     merged = FileStats(tensor_set.name, stats[0].format if stats else "", sum(s.size_bytes for s in stats),
                        [t for s in stats for t in _listed(tensor_set, s.tensors)],
                        {k: v for s in stats for k, v in s.stats.items()},

@@ -66,7 +66,7 @@ def file_statistics(source: Path | str | TensorReader, *, selection: Selection |
                     track_l1: bool = False, track_moments: bool = False, budget: Budget | None = None,
                     progress: Progress | None = None, whole_if_rank_skip: bool = False,
                     held: HeldTensors | None = None) -> FileStats:
-    """Pass 1: statistics of one file's selected tensors, block by block, on the engine's threads.
+    """Pass 1: statistics of one file's selected tensors, block by block (:func:`tclip.work.passes.run_pass`).
 
     Args:
         source: a path, or a reader already open.
