@@ -6,6 +6,7 @@
 - :mod:`~tclip.core.kernels`: widening, narrowing, reducing, scaling and clamping one unit;
 - :mod:`~tclip.core.stats`: statistics accumulated unit by unit and merged (pass 1);
 - :mod:`~tclip.core.modes`: the clip modes and their scale-factor arithmetic (the plan);
+- :mod:`~tclip.core.compare`: comparing two units (``tclip diff``'s arithmetic);
 - :mod:`~tclip.core.ops`: TensorFlow's functions over whole arrays.
 
 Nothing here opens a file or imports click or rich; the formats and the passes over

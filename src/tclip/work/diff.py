@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
+from ..core.compare import DiffSums, compare_unit, identical_unit
 from ..core.dtypes import is_bool, is_complex, is_floating, is_integral
-from ..core.exact import ExactSum
-from ..core.kernels import Scratch, dot
+from ..core.kernels import Scratch
 from ..errors import TclipError
 from ..formats import TensorInfo, TensorReader
 from ..formats.sharded import open_any
@@ -205,75 +205,6 @@ class DiffReport:
         })
 
 
-# --------------------------------------------------------------------------- the arithmetic of one unit
-
-
-def _values(x: np.ndarray) -> np.ndarray:
-    if is_complex(x.dtype):
-        return x.astype(np.complex128)
-    if x.dtype == np.float64:
-        return x
-    with np.errstate(invalid="ignore", over="ignore"):
-        return x.astype(np.float64)
-
-
-def _compare_unit(a: np.ndarray, b: np.ndarray, rtol: float, atol: float, exact_ints: bool,
-                  buffer: np.ndarray | None = None) -> tuple:
-    """(sum (a-b)², sum a², sum b², sum a·b, max|a-b|, outside, nonfinite mismatches) of one unit."""
-    if exact_ints:
-        outside = int(np.count_nonzero(a != b)) if rtol == 0 and atol == 0 else -1
-    else:
-        outside = -1
-    x, y = _values(a).reshape(-1), _values(b).reshape(-1)
-    with np.errstate(invalid="ignore", over="ignore"):
-        finite = np.isfinite(x) & np.isfinite(y)
-        all_finite = bool(finite.all())
-        mismatched_nonfinite = 0
-        if not all_finite:
-            both_nan = np.isnan(x) & np.isnan(y)
-            same_inf = np.isinf(x) & (x == y)
-            mismatched_nonfinite = int(np.count_nonzero(~finite & ~both_nan & ~same_inf))
-            x, y = x[finite], y[finite]
-        d = x - y
-        if np.iscomplexobj(d):
-            dd = float(np.add.reduce((d * d.conj()).real))
-            aa = float(np.add.reduce((x * x.conj()).real))
-            bb = float(np.add.reduce((y * y.conj()).real))
-            ab = float(np.add.reduce((x * y.conj()).real))
-            magnitude = np.abs(d)
-        else:
-            dd, aa, bb, ab = dot(d, d, buffer), dot(x, x, buffer), dot(y, y, buffer), dot(x, y, buffer)
-            magnitude = np.abs(d)
-        largest = float(magnitude.max()) if magnitude.size else 0.0
-        if outside < 0:
-            if rtol == 0 and atol == 0:
-                outside = int(np.count_nonzero(x != y))
-            else:
-                outside = int(np.count_nonzero(~(magnitude <= atol + rtol * np.abs(y))))
-    return dd, aa, bb, ab, largest, outside, mismatched_nonfinite
-
-
-class _Accumulator:
-    def __init__(self) -> None:
-        self.dd, self.aa, self.bb, self.ab = ExactSum(), ExactSum(), ExactSum(), ExactSum()
-        self.largest = 0.0
-        self.outside = 0
-        self.nonfinite = 0
-
-    def add(self, result: tuple) -> None:
-        dd, aa, bb, ab, largest, outside, nonfinite = result
-        self.dd.add(dd)
-        self.aa.add(aa)
-        self.bb.add(bb)
-        self.ab.add(ab)
-        self.largest = max(self.largest, largest)
-        self.outside += outside
-        self.nonfinite += nonfinite
-
-
-# --------------------------------------------------------------------------- files
-
-
 def _comparable(info: TensorInfo) -> bool:
     return info.numeric and not info.refused
 
@@ -443,7 +374,7 @@ def _compare_bytes(reader_a: TensorReader, reader_b: TensorReader, entry: "Tenso
 def _compare_pairs(reader_a: TensorReader, reader_b: TensorReader, pairs: list[tuple[TensorDiff, str, str]],
                    report: DiffReport, budget: Budget) -> None:
     rtol, atol = report.rtol, report.atol
-    accumulators = {entry.name: _Accumulator() for entry, _, _ in pairs}
+    accumulators = {entry.name: DiffSums() for entry, _, _ in pairs}
     walks = [pair_walk(entry.name, reader_a, old, reader_b, new) for entry, old, new in pairs]
 
     def compare(block: Block, scratch: Scratch) -> list[tuple]:
@@ -455,9 +386,9 @@ def _compare_pairs(reader_a: TensorReader, reader_b: TensorReader, pairs: list[t
         results = []
         for _, (x, y) in block.units():
             if same_bytes and not is_complex(x.dtype):
-                results.append(_identical_unit(x, buffer))
+                results.append(identical_unit(x, buffer))
             else:
-                results.append(_compare_unit(x, y, rtol, atol, exact_ints, buffer))
+                results.append(compare_unit(x, y, rtol, atol, exact_ints, buffer))
         return results
 
     def merge(block: Block, results: list[tuple]) -> None:
@@ -487,15 +418,4 @@ def _compare_pairs(reader_a: TensorReader, reader_b: TensorReader, pairs: list[t
         if entry.dtype_a != entry.dtype_b:
             entry.note = Remark(RemarkKind.DTYPES_DIFFER, f"dtypes differ ({dtype_text(entry.dtype_a)} vs "
                                                           f"{dtype_text(entry.dtype_b)}): compared as values")
-
-
-def _identical_unit(x: np.ndarray, buffer: np.ndarray | None = None) -> tuple:
-    """A unit whose bytes are the same on both sides: no difference, one sum of squares."""
-    values = _values(x).reshape(-1)
-    with np.errstate(invalid="ignore", over="ignore"):
-        finite = np.isfinite(values)
-        if not finite.all():
-            values = values[finite]
-        aa = dot(values, values, buffer)
-    return 0.0, aa, aa, aa, 0.0, 0, 0
 

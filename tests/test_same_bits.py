@@ -1,4 +1,5 @@
-"""The fast paths against the whole-array core, and the same bits for every thread count and --memory."""
+"""The kernels against the whole-array core, exact sums and the unit grid, and the same bits for every
+thread count and --memory (the pass driver, work/passes.py); start-up imports."""
 
 from __future__ import annotations
 
