@@ -6,6 +6,7 @@
 - :mod:`~tclip.work.statistics`: pass 1 (:class:`FileStats`);
 - :mod:`~tclip.work.plan`: from statistics and a mode to each tensor's work (:class:`Plan`);
 - :mod:`~tclip.work.rewrite`: pass 2 (:class:`RewriteResult`);
+- :mod:`~tclip.work.options`: the options of a clipping run (:class:`ClipOptions`);
 - :mod:`~tclip.work.policy`: what is refused or warned about before any data is read;
 - :mod:`~tclip.work.clip`: ``clip_file``, ``report_file``, ``file_info``: the steps composed for one file;
 - :mod:`~tclip.work.sets`: the same over a tensor set (shards, ``--across-files``, Dask);
