@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -45,6 +44,8 @@ def check_in_child(path: Path) -> None:
     key = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
     if key in _CHECKED:
         return
+    import subprocess  # here, not with the module: the format registry imports the HDF5 module always
+
     try:
         result = subprocess.run(child_command(os.fspath(path)), stdin=subprocess.DEVNULL,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=PROBE_SECONDS)

@@ -18,11 +18,10 @@ from __future__ import annotations
 import os
 import struct
 import threading
-import zipfile
 import zlib
 from collections.abc import Collection, Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 import numpy as np
 
@@ -41,6 +40,9 @@ from .base import (
 )
 from .npy import header_bytes, is_numeric, parse_header
 
+if TYPE_CHECKING:
+    import zipfile
+
 NAME = "npz"
 SUFFIXES = (".npz",)
 HOLDS_METADATA = False
@@ -50,10 +52,16 @@ def sniff(head: bytes, size: int) -> bool:
 
 
 _LOCAL_HEADER = struct.Struct("<4s5H3L2H")  # the fixed 30 bytes of a zip local file header
-# What zipfile and zlib raise on a damaged archive; all mean "this file is malformed".
-ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError, NotImplementedError,
-              IndexError, KeyError, struct.error, zlib.error, RuntimeError, UnicodeDecodeError, OverflowError,
-              TypeError)
+def zip_errors() -> tuple[type[BaseException], ...]:
+    """What zipfile and zlib raise on a damaged archive; all mean "this file is malformed".
+
+    (zipfile is imported where it is used, not with this module: the format registry
+    imports every format module, and a run without .npz files need not pay for it.)"""
+    import zipfile
+
+    return (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError, NotImplementedError,
+            IndexError, KeyError, struct.error, zlib.error, RuntimeError, UnicodeDecodeError, OverflowError,
+            TypeError)
 
 
 def _first_line(error: BaseException) -> str:
@@ -65,10 +73,12 @@ class NpzReader(TensorReader):
     format_name = "npz"
 
     def __init__(self, path: Path) -> None:
+        import zipfile
+
         super().__init__(path)
         try:
             self._zip = zipfile.ZipFile(path)
-        except ZIP_ERRORS as error:
+        except zip_errors() as error:
             raise FormatError(f"not a valid .npz archive ({_first_line(error)})", path) from None
         except RecursionError:
             raise FormatError("not a valid .npz archive", path) from None
@@ -89,6 +99,8 @@ class NpzReader(TensorReader):
             raise
 
     def _add_member(self, member: zipfile.ZipInfo) -> None:
+        import zipfile
+
         path = self.path
         if member.is_dir():
             return
@@ -116,7 +128,7 @@ class NpzReader(TensorReader):
             raise
         except UnsupportedError:
             raise
-        except ZIP_ERRORS as error:
+        except zip_errors() as error:
             raise FormatError(f"member {member.filename!r} cannot be read ({_first_line(error)})", path) from None
         if dtype.hasobject:
             # A pickle: never read (that would run code), only carried byte for byte.
@@ -176,7 +188,7 @@ class NpzReader(TensorReader):
         if self._stream is not None:
             try:
                 self._stream[1].close()
-            except ZIP_ERRORS:
+            except zip_errors():
                 pass
             self._stream = None
         self._zip.close()
@@ -200,7 +212,7 @@ class NpzReader(TensorReader):
                         if not data:
                             return
                         yield data
-            except ZIP_ERRORS as error:
+            except zip_errors() as error:
                 raise FormatError(f"member {member.filename!r} cannot be read ({_first_line(error)})",
                                   self.path) from None
 
@@ -259,14 +271,14 @@ class NpzReader(TensorReader):
                     self._stream = None
                 try:
                     self._stream = (name, self._zip.open(self.members[name]))
-                except ZIP_ERRORS as error:
+                except zip_errors() as error:
                     raise FormatError(f"member {self.members[name].filename!r} cannot be read "
                                       f"({_first_line(error)})", self.path) from None
             stream = self._stream[1]
             try:
                 stream.seek(offset)  # forward seeks decompress and discard; backward ones restart
                 data = stream.read(nbytes)
-            except ZIP_ERRORS as error:
+            except zip_errors() as error:
                 raise FormatError(f"member {self.members[name].filename!r} is corrupt ({_first_line(error)})",
                                   self.path) from None
         if len(data) != nbytes:
@@ -287,6 +299,8 @@ class NpzWriter(TensorWriter):
 
     def __init__(self, target: Path, tensors: list[TensorInfo], output: AtomicOutput, *,
                  like: TensorReader | None) -> None:
+        import zipfile
+
         super().__init__(target, tensors, output)
         self._like = like if isinstance(like, NpzReader) else None
         self._order_names = [t.name for t in tensors]
@@ -313,6 +327,8 @@ class NpzWriter(TensorWriter):
         return None
 
     def _zipinfo(self, info: TensorInfo) -> zipfile.ZipInfo:
+        import zipfile
+
         if self._like is not None and info.name in self._like.members:
             original = self._like.members[info.name]
             member = zipfile.ZipInfo(original.filename, original.date_time)
@@ -391,14 +407,14 @@ class NpzWriter(TensorWriter):
         with self._zip.open(self._zipinfo(self.tensors[name]), "w", force_zip64=True) as write:
             try:
                 read = self._like._zip.open(source)
-            except ZIP_ERRORS as error:
+            except zip_errors() as error:
                 raise FormatError(f"member {source.filename!r} cannot be read ({_first_line(error)})",
                                   self._like.path) from None
             with read:
                 while True:
                     try:
                         chunk = read.read(1 << 20)
-                    except ZIP_ERRORS as error:  # a corrupt stream (its CRC is checked at the end)
+                    except zip_errors() as error:  # a corrupt stream (its CRC is checked at the end)
                         raise FormatError(f"member {source.filename!r} cannot be read ({_first_line(error)})",
                                           self._like.path) from None
                     if not chunk:
