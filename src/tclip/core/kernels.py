@@ -139,8 +139,12 @@ def _widen_float16(x: np.ndarray, out: np.ndarray, bits: np.ndarray) -> None:
     single = bits.view(np.float32)
     np.multiply(single, _TWO_112, out=single)
     np.copyto(out, single)
-    if out.size and (out.max() >= 65536.0 or out.min() <= -65536.0):  # Inf and NaN came out finite
-        bad = np.abs(out) >= 65536.0
+    # Inf and NaN came out finite. Looked for in the float16 bits (two passes over 2 bytes
+    # an element, not over 8 as a max and a min of the float64 values would be).
+    magnitude = bits.view(np.uint16)[: x.size]
+    np.bitwise_and(x.view(np.uint16), np.uint16(0x7FFF), out=magnitude)
+    if magnitude.size and magnitude.max() >= 0x7C00:
+        bad = magnitude >= 0x7C00
         out[bad] = x[bad].astype(np.float64)
 
 
@@ -311,12 +315,84 @@ def scale_unit(x: np.ndarray, factor: np.ndarray | float, scratch: Scratch | Non
     if x.dtype.itemsize <= 2 and np.ndim(factor) == 0 and x.flags.c_contiguous and x.dtype.kind in "fV":
         _scale_by_table(x, float(factor), scratch)
         return None
+    if x.ndim and x.shape[0] > 1 and np.ndim(factor) == x.ndim and np.shape(factor)[0] == x.shape[0] \
+            and x.flags.c_contiguous and x.dtype in _INF_BITS:
+        return _scale_rows(x, np.asarray(factor), scratch)
+    return _scale_whole(x, factor, scratch)
+
+
+def _scale_whole(x: np.ndarray, factor: np.ndarray | float, scratch: Scratch | None) -> np.ndarray | None:
+    # The whole unit in a few NumPy calls: with two threads, every call may wait for the
+    # GIL, and cutting a unit into steps that stay in L2 measured 5-28% faster on one
+    # thread but 30-55% slower on two (float32; per-row bfloat16).
     wide = widen(x, scratch)
     with np.errstate(invalid="ignore", over="ignore"):  # inf * 0 is NaN, as in TensorFlow
         np.multiply(wide, factor, out=wide)
     if wide is x:
         return wide
     return wide if narrow_into(wide, x, scratch) else None
+
+
+# Rows whose every factor is exactly 1 are left alone (x * 1.0 is x, bit for bit, except
+# that a signalling NaN would come out quiet: rows with a NaN are scaled like the others).
+# Each run of rows to scale costs some 20 NumPy calls, and with two threads each call may
+# wait for the GIL: rows are skipped only when the elements saved outweigh, at this many
+# elements a run, the runs' calls.
+_ELEMENTS_PER_RUN = 1 << 14
+# The bits of +Inf: a larger magnitude is a NaN (for the dtypes whose rows may be left alone).
+_INF_BITS = {np.dtype(np.float16): 0x7C00, np.dtype(ml_dtypes.bfloat16): 0x7F80,
+             np.dtype(np.float32): 0x7F80_0000}
+
+
+def _scale_rows(x: np.ndarray, factor: np.ndarray, scratch: Scratch | None) -> np.ndarray | None:
+    """:func:`scale_unit` with one factor per row, skipping rows whose factors are all 1.
+
+    Returns the unit's new values in float64 when they are at hand and no row was skipped.
+    """
+    spans = _rows_to_scale(x, factor, scratch)
+    if spans is None:
+        return _scale_whole(x, factor, scratch)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for start, stop in spans:
+            part = x[start:stop]
+            wide = widen(part, scratch)
+            np.multiply(wide, factor[start:stop], out=wide)
+            narrow_into(wide, part, scratch)
+    return None
+
+
+def _rows_to_scale(x: np.ndarray, factor: np.ndarray, scratch: Scratch | None) -> list[tuple[int, int]] | None:
+    """The runs ``[start, stop)`` of rows to scale, all but those whose factors are all
+    exactly 1 and which hold no NaN; None when skipping would not pay."""
+    rows = x.shape[0]
+    per_row = x.size // rows
+    ones = factor == 1.0
+    if not ones.any():  # the common case (every row clipped) in two small calls
+        return None
+    alone = ones.reshape(rows, -1).all(axis=1)
+    skipped = int(np.count_nonzero(alone))
+    if skipped * per_row <= _ELEMENTS_PER_RUN:
+        return None
+    kept = _runs(alone)
+    if (len(kept) + 1) * _ELEMENTS_PER_RUN >= skipped * per_row:
+        return None
+    inf_bits = _INF_BITS[x.dtype]
+    bits_type = np.uint16 if x.dtype.itemsize == 2 else np.uint32
+    for start, stop in kept:
+        bits = x[start:stop].reshape(-1).view(bits_type)
+        magnitude = _buffer(scratch, "bits", bits.size, np.uint32).view(bits_type)[: bits.size]
+        np.bitwise_and(bits, bits_type(inf_bits | (inf_bits - 1)), out=magnitude)  # the sign bit cleared
+        if magnitude.max() > inf_bits:
+            alone[start:stop] = False
+    spans = _runs(~alone)
+    return spans if (len(spans) - 1) * _ELEMENTS_PER_RUN < int(np.count_nonzero(alone)) * per_row else None
+
+
+def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
+    """``[start, stop)`` of each run of True in a 1-D boolean array."""
+    edges = np.flatnonzero(mask[1:] != mask[:-1]) + 1
+    bounds = [0, *edges.tolist(), mask.size]
+    return [(a, b) for a, b in zip(bounds[:-1], bounds[1:]) if mask[a]]
 
 
 # A 16- or 8-bit float scaled by one factor has at most 65,536 results: a table of
@@ -339,10 +415,15 @@ def _scale_by_table(x: np.ndarray, factor: float, scratch: Scratch | None) -> No
             _TABLES.clear()
         _TABLES[key] = table
     bits = x.reshape(-1).view(bits_type)
-    looked_up = _buffer(scratch, "bits", x.size, np.uint32).view(bits_type)[: x.size] if scratch is not None \
-        else np.empty(x.size, bits_type)
-    np.take(table, bits, out=looked_up)
-    bits[...] = looked_up
+    # np.take turns any other index type into a fresh intp array of its own, and with
+    # mode="raise" it also writes through a buffer: the indices go into a reused intp
+    # buffer instead and the results straight back into x (two NumPy calls a unit, as
+    # before). Every index is in range, so mode="clip" changes nothing. Measured per
+    # element, one core: 14-25% less time for bfloat16, 25-34% for float16; pass 2 over
+    # 512 MiB on two threads 0.56 -> 0.43 s (bfloat16), 0.53 -> 0.40 s (float16).
+    index = _buffer(scratch, "work", bits.size, np.float64).view(np.intp)
+    np.copyto(index, bits)
+    np.take(table, index, out=bits, mode="clip")
 
 
 def _reference_scale(x: np.ndarray, factor: float) -> np.ndarray:
