@@ -317,6 +317,8 @@ def scale_unit(x: np.ndarray, factor: np.ndarray | float, scratch: Scratch | Non
         return None
     if x.ndim and x.shape[0] > 1 and np.ndim(factor) == x.ndim and np.shape(factor)[0] == x.shape[0] \
             and x.flags.c_contiguous and x.dtype in _INF_BITS:
+        if x.dtype in _ROW_TABLES and _scale_rows_by_tables(x, np.asarray(factor, np.float64), scratch):
+            return None
         return _scale_rows(x, np.asarray(factor), scratch)
     return _scale_whole(x, factor, scratch)
 
@@ -393,6 +395,96 @@ def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
     edges = np.flatnonzero(mask[1:] != mask[:-1]) + 1
     bounds = [0, *edges.tolist(), mask.size]
     return [(a, b) for a, b in zip(bounds[:-1], bounds[1:]) if mask[a]]
+
+
+@dataclass(frozen=True)
+class _RowTable:
+    mantissa_bits: int
+    top: int  # the largest exponent field of a finite value
+    bias: int
+    min_columns: int
+
+
+# float16 and bfloat16 rows scaled by one factor each. A normal value 2**e * (1 + m/M)
+# times f = 2**k * g (1 <= g < 2) is 2**(e+k) * (1 + m/M) * g, and rounding it (to
+# float64, then to the dtype; for bfloat16 through float32, as ml_dtypes does) does not
+# depend on the power of two while everything stays normal. So a row's results come
+# from M = 2**mantissa_bits reference results, those of (1 + m/M) * g (1,024 for float16,
+# 128 for bfloat16, computed by tclip.plan.apply_scale), each stored as what to add to
+# the input's bits: sign and exponent carry over, the mantissa is replaced, and a
+# rounding up into the next binade adds to the exponent. Elements for which that does
+# not hold -- zeros, subnormal, Inf and NaN inputs, results that would leave the normal
+# range -- take the arithmetic path. Measured on 64 x 4096 units, one core: float16
+# 7.7 -> 2.4 ns an element, bfloat16 3.1 -> 1.5 ns. A row shorter than min_columns
+# would spend more on its table than it saves.
+_ROW_TABLES = {np.dtype(np.float16): _RowTable(10, 30, 15, 1024),
+               np.dtype(ml_dtypes.bfloat16): _RowTable(7, 254, 127, 512)}
+# Past this share of elements for the arithmetic path, the tables do not pay.
+_ROW_TABLE_MISSES = 8
+
+
+def _scale_rows_by_tables(x: np.ndarray, factor: np.ndarray, scratch: Scratch | None) -> bool:
+    """``x *= factor`` (one factor per row) through per-row tables, in place; False (x
+    untouched) where they do not apply."""
+    spec = _ROW_TABLES[x.dtype]
+    rows = x.shape[0]
+    columns = x.size // rows
+    if factor.size != rows or columns < spec.min_columns:
+        return False
+    factors = factor.reshape(rows)
+    with np.errstate(invalid="ignore"):
+        # positive, finite and far from float64's limits (so every power of two above is exact)
+        if not (bool((factors > 2.0 ** -800).all()) and bool((factors < 2.0 ** 800).all())):
+            return False
+    mantissa, powers = np.frexp(factors)
+    powers = powers.astype(np.int64) - 1  # f = 2**k * g with 1 <= g < 2
+    # Inputs whose exponent field lies in [lo, hi] give normal results (g rounded may reach 4).
+    lo = np.maximum(1, 1 - powers)
+    hi = np.minimum(spec.top, spec.top - 2 - powers)
+    if bool((lo > hi).any()):
+        return False
+    shift = spec.mantissa_bits
+    bits = x.reshape(rows, columns).view(np.uint16)
+    field = _buffer(scratch, "bits", x.size, np.uint32).view(np.uint16)[: x.size].reshape(rows, columns)
+    np.bitwise_and(bits, np.uint16((spec.top + 1) << shift), out=field)
+    np.subtract(field, (lo << shift).astype(np.uint16).reshape(rows, 1), out=field)  # below lo wraps round
+    missed = _buffer(scratch, "extra", x.size, np.float64).view(np.bool_)[: x.size].reshape(rows, columns)
+    np.greater(field, ((hi - lo) << shift).astype(np.uint16).reshape(rows, 1), out=missed)
+    count = int(np.count_nonzero(missed))
+    if count * _ROW_TABLE_MISSES > x.size:
+        return False
+    flat = x.reshape(-1)
+    if count:
+        positions = np.flatnonzero(missed)
+        kept = flat[positions]
+    size = 1 << shift
+    base = np.uint16(spec.bias << shift) + np.arange(size, dtype=np.uint16)  # 1 + m/M
+    # The reference results (1 + m/M) * g, by this module's own arithmetic (the float64
+    # product rounded once to the dtype; the same bits as tclip.plan.apply_scale, tested on
+    # every value), which unlike ml_dtypes' casts lets the other threads run.
+    results = np.empty((rows, size), x.dtype)
+    wide = widen(np.broadcast_to(base.view(x.dtype), (rows, size)).copy()) * (2 * mantissa).reshape(rows, 1)
+    narrow_into(wide, results)
+    add = results.view(np.uint16).astype(np.int64) - base + (powers << shift).reshape(rows, 1)
+    add = (add & 0xFFFF).astype(np.uint16)  # modulo 2**16: the sum with an input's bits is exact
+    # Indices into the rows' tables side by side: as uint16 (rows * M <= 65,536 at a time),
+    # then as intp, the one index type np.take reads without a copy of its own.
+    group = (1 << 16) >> shift
+    offsets = (np.arange(min(rows, group), dtype=np.uint16) << shift).reshape(-1, 1)
+    index = _buffer(scratch, "work", min(rows, group) * columns, np.float64).view(np.intp)
+    for start in range(0, rows, group):
+        stop = min(rows, start + group)
+        part, where = bits[start:stop], field[start:stop]
+        np.bitwise_and(part, np.uint16(size - 1), out=where)
+        np.bitwise_or(where, offsets[: stop - start], out=where)
+        positions_here = index[: where.size].reshape(where.shape)
+        np.copyto(positions_here, where)
+        np.take(add[start:stop].reshape(-1), positions_here, out=where, mode="clip")
+        np.add(part, where, out=part)
+    if count:
+        _scale_whole(kept, factors[positions // columns], None)
+        flat[positions] = kept
+    return True
 
 
 # A 16- or 8-bit float scaled by one factor has at most 65,536 results: a table of
