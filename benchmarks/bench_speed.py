@@ -374,9 +374,17 @@ def main() -> None:
     repeat = args.repeat or (2 if args.quick else 5)
     stage_repeat = args.stage_repeat or (1 if args.quick else 3)
     torch_python = args.torch_python
-    if torch_python is None:
-        probe = subprocess.run([sys.executable, "-c", "import torch, safetensors.torch"], capture_output=True)
-        torch_python = sys.executable if probe.returncode == 0 else None
+    candidate = torch_python or sys.executable
+    try:
+        probe = subprocess.run([candidate, "-c", "import torch, safetensors.torch"], capture_output=True).returncode
+    except OSError:
+        probe = -1
+    if probe != 0:
+        if torch_python is not None:
+            raise SystemExit(f"--torch-python {torch_python}: cannot import torch and safetensors.torch with it")
+        torch_python = None
+    else:
+        torch_python = candidate
     folder = args.dir / "tclip-bench" if args.keep else Path(tempfile.mkdtemp(dir=args.dir, prefix="tclip-bench-"))
     folder.mkdir(exist_ok=True)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
