@@ -1,0 +1,482 @@
+"""The files ``torch.save`` writes, read without torch and without running pickle.
+
+The zip format (torch >= 1.6, the default)::
+
+    <archive>/data.pkl            the pickled object; tensors are persistent ids
+    <archive>/data/<key>          one member per storage: raw elements, stored, 64-byte aligned
+    <archive>/byteorder           "little" or "big" (absent before torch 1.12: little)
+    <archive>/version             the format version
+    <archive>/.data/serialization_id, .format_version, .storage_alignment (recent torch)
+
+``<archive>`` is the name of the file when it was saved; torch takes it from the
+first member. The pickle is interpreted by :mod:`._torch_pickle`, which builds
+records and calls nothing. Each storage's bytes are located from the zip's central
+directory and the member's own local header (never decompressed, never read
+here), and every view is checked to lie inside its storage.
+
+The legacy format (``_use_new_zipfile_serialization=False``) is a chain of pickles
+(magic number, protocol version, system info, the object, the storage keys)
+followed by each storage as an 8-byte element count and its little-endian
+elements; it is read the same way. TorchScript archives (``torch.jit.save``) and
+the pre-1.0 tar format are refused with a message naming them.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import zipfile
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ..errors import FormatError, UnsupportedError
+from ._torch_pickle import PickleLimits, TensorRef, _dtype_text, flatten, kind_of, load_torch_pickle
+
+__all__ = [
+    "LEGACY_MAGIC",
+    "NonTensor",
+    "StorageInfo",
+    "TorchArchive",
+    "load_torch_archive",
+    "read_tensor",
+    "sniff_torch",
+]
+
+#: The first pickle of a legacy (non-zip) torch.save file holds this number.
+LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
+_LEGACY_PROTOCOL_VERSION = 1001
+
+_LOCAL_HEADER = struct.Struct("<4s5H3L2H")  # the fixed 30 bytes of a zip local file header
+_ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError, NotImplementedError,
+               IndexError, KeyError, struct.error, zlib.error, RuntimeError, UnicodeDecodeError, OverflowError,
+               TypeError)
+_SMALL_MEMBER = 64  # byteorder, version: a few bytes each
+
+
+@dataclass(frozen=True)
+class StorageInfo:
+    """Where one storage's bytes are in the file.
+
+    Attributes:
+        key: the storage key the pickle uses.
+        member: its zip member (None in the legacy format).
+        dtype: element type, with the file's byte order.
+        numel: elements declared by the pickle (bytes for an untyped storage).
+        offset: absolute file offset of its first byte.
+        nbytes: its size in bytes (``numel * dtype.itemsize``, checked against the member).
+        location: the device it was saved from.
+    """
+
+    key: str
+    member: str | None
+    dtype: np.dtype
+    numel: int
+    offset: int
+    nbytes: int
+    location: str
+
+
+class NonTensor(NamedTuple):
+    """A leaf of the saved object that is not a tensor (``step``, ``lr``...)."""
+
+    name: str
+    kind: str   # int, float, str, bool, None, bytes, dict (empty), dtype, storage...
+    value: Any
+
+
+@dataclass
+class TorchArchive:
+    """A ``torch.save`` file as tclip sees it: tensors as views of located storages.
+
+    Attributes:
+        path: the file.
+        format: ``"zip"`` or ``"legacy"``.
+        prefix: the archive's folder name inside the zip (``""`` for legacy files).
+        byteorder: ``"little"`` or ``"big"`` (the dtypes carry it too).
+        version: the archive's ``version`` record, if any.
+        root: the unpickled tree (see :func:`._torch_pickle.load_torch_pickle`).
+        tensors: flattened name -> view, in the order of the saved object.
+        storages: key -> location of its bytes, for every storage the pickle refers to.
+        others: the leaves that are not tensors, in order.
+        pickle_member: ``(offset, size)`` of the pickle's bytes in the file (legacy:
+            the whole chain of pickles before the storages).
+        shared: storage key -> names of the tensors viewing it, for storages viewed
+            by more than one name (tied weights, slices of one buffer).
+    """
+
+    path: Path
+    format: str
+    prefix: str
+    byteorder: str
+    version: str | None
+    root: Any
+    tensors: dict[str, TensorRef]
+    storages: dict[str, StorageInfo]
+    others: list[NonTensor]
+    pickle_member: tuple[int, int]
+    shared: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- sniffing
+
+
+def sniff_torch(head: bytes) -> str | None:
+    """Guess from a file's first bytes whether ``torch.save`` may have written it.
+
+    Args:
+        head: at least the first 512 bytes (fewer if the file is shorter).
+
+    Returns:
+        ``"zip"`` for a zip archive (torch's or another's: :func:`load_torch_archive`
+        decides), ``"legacy"`` for the legacy pickle chain, ``"tar"`` for the pre-1.0
+        tar format, None otherwise.
+    """
+    if head.startswith(b"PK\x03\x04") or head.startswith(b"PK\x05\x06"):
+        return "zip"
+    if len(head) >= 262 and head[257:262] == b"ustar":
+        return "tar"
+    try:
+        result = load_torch_pickle(head, limits=PickleLimits(max_bytes=len(head)), where="head")
+    except (FormatError, UnsupportedError):
+        return None
+    return "legacy" if _is_int(result.root) and result.root == LEGACY_MAGIC else None
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_torch_archive(path: str | os.PathLike[str], *, limits: PickleLimits | None = None,
+                       root_name: str | None = None) -> TorchArchive:
+    """Read the structure of a ``torch.save`` file: names, views, storage locations.
+
+    Reads the zip directory, the pickle and a few small records; never a storage's data.
+
+    Args:
+        path: the file.
+        limits: caps on the pickle interpreter (defaults: :class:`PickleLimits`).
+        root_name: the name of a tensor saved alone (``torch.save(t, f)``); default:
+            the file's stem.
+
+    Returns:
+        A :class:`TorchArchive`.
+
+    Raises:
+        UnsupportedError: the file holds something other than tensors and plain data
+            (the message says what and what to do), or is TorchScript / legacy tar.
+        FormatError: the file is malformed: not a torch file, a truncated member, a
+            storage whose size disagrees with the pickle, a view outside its storage.
+    """
+    path = Path(path)
+    limits = limits or PickleLimits()
+    root_name = path.stem if root_name is None else root_name
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(512)
+            kind = sniff_torch(head)
+            if kind == "zip":
+                return _load_zip(path, handle, limits, root_name)
+            if kind == "legacy":
+                return _load_legacy(path, handle, limits, root_name)
+    except OSError as error:
+        raise FormatError(f"cannot read: {error.strerror or error}", path) from None
+    if kind == "tar":
+        raise UnsupportedError("a PyTorch file in the tar format of torch < 0.4, which tclip does not "
+                               "read; load it with an old torch and save it again", path)
+    raise FormatError("not a PyTorch file (neither the zip format of torch.save nor its legacy format)",
+                      path)
+
+
+def _load_zip(path: Path, handle: Any, limits: PickleLimits, root_name: str) -> TorchArchive:
+    try:
+        archive = zipfile.ZipFile(handle)
+    except _ZIP_ERRORS as error:
+        raise FormatError(f"not a valid zip archive ({_first_line(error)})", path) from None
+    infos = archive.infolist()
+    if not infos:
+        raise FormatError("an empty zip archive, not a torch.save file", path)
+    by_name: dict[str, zipfile.ZipInfo] = {}
+    for info in infos:
+        if info.filename in by_name:
+            raise FormatError(f"the zip archive holds two members named {info.filename!r}", path)
+        by_name[info.filename] = info
+    first = infos[0].filename
+    if "/" not in first:
+        raise FormatError(f"not a torch.save archive: member {first!r} is not in a folder", path)
+    prefix = first.split("/", 1)[0]
+    if f"{prefix}/constants.pkl" in by_name or any(n.startswith(f"{prefix}/code/") for n in by_name):
+        raise UnsupportedError("a TorchScript archive (torch.jit.save), whose pickles name compiled code; "
+                               "tclip reads torch.save files: save the model's state_dict with torch.save, "
+                               "or convert it to safetensors", path)
+    pickle_name = f"{prefix}/data.pkl"
+    if pickle_name not in by_name:
+        raise FormatError(f"not a torch.save archive: no member {pickle_name!r}", path)
+    file_size = os.fstat(handle.fileno()).st_size
+    end_of_data = min(getattr(archive, "start_dir", file_size), file_size)
+    byteorder = _small_record(archive, by_name.get(f"{prefix}/byteorder"), path)
+    if byteorder is None:
+        byteorder = "little"  # files before torch 1.12 have no record; torch reads them as little
+    elif byteorder not in ("little", "big"):
+        raise FormatError(f"unknown byte order {byteorder[:20]!r} in {prefix}/byteorder", path)
+    version = _small_record(archive, by_name.get(f"{prefix}/version") or by_name.get(f"{prefix}/.data/version"),
+                            path)
+
+    fd = handle.fileno()
+    pickle_info = by_name[pickle_name]
+    if pickle_info.file_size > limits.max_bytes:
+        raise UnsupportedError(f"{pickle_name}: pickle of {pickle_info.file_size} bytes is larger than the "
+                               f"limit of {limits.max_bytes} bytes", path)
+    pickle_offset = _data_offset(pickle_info, fd, end_of_data, path)
+    data = os.pread(fd, pickle_info.file_size, pickle_offset)
+    if len(data) != pickle_info.file_size:
+        raise FormatError(f"member {pickle_name!r} is truncated", path)
+    if zlib.crc32(data) != pickle_info.CRC:
+        raise FormatError(f"member {pickle_name!r} fails its CRC-32 check (the file is damaged)", path)
+    result = load_torch_pickle(data, byteorder=byteorder, limits=limits, where=pickle_name, path=path)
+
+    storages: dict[str, StorageInfo] = {}
+    regions = [(pickle_info.header_offset, pickle_offset + pickle_info.file_size, pickle_name)]
+    for key, ref in result.storages.items():
+        member = f"{prefix}/data/{key}"
+        info = by_name.get(member)
+        if info is None:
+            raise FormatError(f"storage {key!r} named by the pickle has no member {member!r}", path)
+        offset = _data_offset(info, fd, end_of_data, path)
+        if info.file_size != ref.nbytes:
+            raise FormatError(
+                f"storage {key!r}: member {member!r} holds {info.file_size} bytes, the pickle declares "
+                f"{ref.numel} x {_dtype_text(ref.dtype)} = {ref.nbytes} bytes", path)
+        storages[key] = StorageInfo(key, member, ref.dtype, ref.numel, offset, ref.nbytes, ref.location)
+        regions.append((info.header_offset, offset + info.file_size, member))
+    _check_disjoint(regions, path)
+    tensors, others, shared = _names(result.root, root_name, len(data), limits, pickle_name, path)
+    _check_views(tensors, storages, path)
+    return TorchArchive(path, "zip", prefix, byteorder, version, result.root, tensors, storages, others,
+                        (pickle_offset, pickle_info.file_size), shared)
+
+
+def _small_record(archive: zipfile.ZipFile, info: zipfile.ZipInfo | None, path: Path) -> str | None:
+    if info is None:
+        return None
+    if info.file_size > _SMALL_MEMBER:
+        raise FormatError(f"member {info.filename!r} is {info.file_size} bytes, expected a few", path)
+    try:
+        with archive.open(info) as member:
+            raw = member.read(_SMALL_MEMBER + 1)
+    except _ZIP_ERRORS as error:
+        raise FormatError(f"member {info.filename!r}: {_first_line(error)}", path) from None
+    return raw.decode("ascii", "replace").strip()
+
+
+def _data_offset(info: zipfile.ZipInfo, fd: int, end_of_data: int, path: Path) -> int:
+    """The absolute offset of a stored member's bytes, from its local header, checked."""
+    name = info.filename
+    if info.compress_type != zipfile.ZIP_STORED:
+        raise UnsupportedError(f"member {name!r} is compressed (method {info.compress_type}); torch.save "
+                               "stores members uncompressed: save the file again with torch.save", path)
+    if info.flag_bits & 0x1:
+        raise UnsupportedError(f"member {name!r} is encrypted", path)
+    if info.compress_size != info.file_size:
+        raise FormatError(f"stored member {name!r} has compressed size {info.compress_size} "
+                          f"and size {info.file_size}", path)
+    header = os.pread(fd, _LOCAL_HEADER.size, info.header_offset)
+    if len(header) != _LOCAL_HEADER.size:
+        raise FormatError(f"member {name!r}: local header past the end of the file", path)
+    signature, _, flags, method, _, _, _, csize, usize, name_len, extra_len = _LOCAL_HEADER.unpack(header)
+    if signature != b"PK\x03\x04":
+        raise FormatError(f"member {name!r}: no local header at offset {info.header_offset}", path)
+    raw_name = os.pread(fd, name_len, info.header_offset + _LOCAL_HEADER.size)
+    local_name = raw_name.decode("utf-8" if flags & 0x800 else "cp437", "replace")
+    if local_name != info.orig_filename:
+        raise FormatError(f"member {name!r}: its local header names {local_name!r}", path)
+    if method != zipfile.ZIP_STORED:
+        raise FormatError(f"member {name!r}: local header says method {method}, the directory says stored",
+                          path)
+    # Sizes in the local header are zero when a data descriptor follows the data
+    # (torch's writer does this), all ones when a zip64 extra field holds them.
+    if not flags & 0x8:
+        for local, central in ((csize, info.compress_size), (usize, info.file_size)):
+            if local != 0xFFFFFFFF and local != central:
+                raise FormatError(f"member {name!r}: local header says {local} bytes, "
+                                  f"the directory {central}", path)
+    start = info.header_offset + _LOCAL_HEADER.size + name_len + extra_len
+    if start + info.file_size > end_of_data:
+        raise FormatError(f"member {name!r} runs past the end of the data ({start + info.file_size} > "
+                          f"{end_of_data}): the file is truncated", path)
+    return start
+
+
+def _check_disjoint(regions: list[tuple[int, int, str]], path: Path) -> None:
+    # Two directory entries pointing at the same bytes would make two storages one:
+    # a rewrite would scale those bytes twice.
+    regions.sort()
+    for (_, end, name), (start, _, other) in zip(regions, regions[1:]):
+        if start < end:
+            raise FormatError(f"members {name!r} and {other!r} overlap in the file", path)
+
+
+# --------------------------------------------------------------------------- legacy
+
+
+def _load_legacy(path: Path, handle: Any, limits: PickleLimits, root_name: str) -> TorchArchive:
+    file_size = os.fstat(handle.fileno()).st_size
+    with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        pos = 0
+
+        def next_pickle(what: str, persistent: str = "zip", byteorder: str = "little") -> Any:
+            nonlocal pos
+            result = load_torch_pickle(data, start=pos, persistent=persistent, byteorder=byteorder,
+                                       limits=limits, where=f"legacy {what} pickle", path=path)
+            pos = result.end
+            return result
+
+        magic = next_pickle("magic number").root
+        if not (_is_int(magic) and magic == LEGACY_MAGIC):
+            raise FormatError("not a legacy torch.save file (wrong magic number)", path)
+        protocol = next_pickle("protocol version").root
+        if not (_is_int(protocol) and protocol == _LEGACY_PROTOCOL_VERSION):
+            raise UnsupportedError(f"legacy torch.save protocol version {protocol!r}; tclip reads "
+                                   f"{_LEGACY_PROTOCOL_VERSION}", path)
+        sys_info = next_pickle("system info").root
+        if not isinstance(sys_info, dict):
+            raise FormatError("legacy torch.save file: system info is not a dict", path)
+        # Storages are written little-endian whatever the machine (sys_info records
+        # the writer's own order, which only mattered for the element counts).
+        main_start = pos
+        main = next_pickle("object", persistent="legacy")
+        keys = next_pickle("storage keys").root
+        if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+            raise FormatError("legacy torch.save file: the storage key list is not a list of strings", path)
+        pickle_end = pos
+        storages: dict[str, StorageInfo] = {}
+        for key in keys:
+            ref = main.storages.get(key)
+            if ref is None:
+                raise FormatError(f"storage {key!r} is listed but no tensor refers to it", path)
+            if key in storages:
+                raise FormatError(f"storage {key!r} is listed twice", path)
+            if pos + 8 > file_size:
+                raise FormatError(f"storage {key!r}: the file ends at byte {file_size}, before it", path)
+            (count,) = struct.unpack("<q", data[pos:pos + 8])
+            if count != ref.numel:
+                raise FormatError(f"storage {key!r}: the file holds {count} elements, the pickle declares "
+                                  f"{ref.numel}", path)
+            start = pos + 8
+            pos = start + ref.nbytes
+            if pos > file_size:
+                raise FormatError(f"storage {key!r} runs past the end of the file ({pos} > {file_size}): "
+                                  "the file is truncated", path)
+            storages[key] = StorageInfo(key, None, ref.dtype, ref.numel, start, ref.nbytes, ref.location)
+        for key in main.storages:
+            if key not in storages:
+                raise FormatError(f"storage {key!r} named by the pickle is not in the file", path)
+        tensors, others, shared = _names(main.root, root_name, main.end - main_start, limits,
+                                         "legacy object pickle", path)
+    _check_views(tensors, storages, path)
+    return TorchArchive(path, "legacy", "", "little", str(_LEGACY_PROTOCOL_VERSION), main.root, tensors,
+                        storages, others, (0, pickle_end), shared)
+
+
+# --------------------------------------------------------------------------- names and views
+
+
+def _names(root: Any, root_name: str, pickle_size: int, limits: PickleLimits, where: str,
+           path: Path) -> tuple[dict[str, TensorRef], list[NonTensor], dict[str, tuple[str, ...]]]:
+    tensors: dict[str, TensorRef] = {}
+    others: list[NonTensor] = []
+    seen: dict[str, tuple[Any, ...]] = {}
+    viewers: dict[str, list[str]] = {}
+    budget = limits.flatten_factor * pickle_size + 1_000_000
+    for leaf in flatten(root, budget=budget, max_depth=limits.max_depth, where=where, path=path):
+        name = ".".join(_key_text(k) for k in leaf.path) if leaf.path else root_name
+        if name in seen:
+            raise UnsupportedError(
+                f"two entries flatten to the name {name!r} (keys {_path_text(seen[name])} and "
+                f"{_path_text(leaf.path)}); tclip needs unique names", path)
+        seen[name] = leaf.path
+        if isinstance(leaf.value, TensorRef):
+            tensors[name] = leaf.value
+            viewers.setdefault(leaf.value.storage.key, []).append(name)
+        else:
+            kind = kind_of(leaf.value)
+            if isinstance(leaf.value, dict | list | tuple) and not leaf.value:
+                kind = f"{kind} (empty)"
+            others.append(NonTensor(name, kind, leaf.value))
+    shared = {key: tuple(names) for key, names in viewers.items() if len(names) > 1}
+    return tensors, others, shared
+
+
+def _key_text(key: Any) -> str:
+    if isinstance(key, str):
+        return key
+    if isinstance(key, int) and not isinstance(key, bool):
+        return str(key)
+    return repr(key)
+
+
+def _path_text(keys: Iterable[Any]) -> str:
+    return " -> ".join(repr(k) for k in keys) or "(root)"
+
+
+def _check_views(tensors: dict[str, TensorRef], storages: dict[str, StorageInfo], path: Path) -> None:
+    for name, tensor in tensors.items():
+        storage = storages[tensor.storage.key]
+        first, stop = tensor.span()
+        if tensor.size and stop * tensor.dtype.itemsize > storage.nbytes:
+            raise FormatError(
+                f"tensor {name!r}: its view (offset {tensor.offset}, shape {list(tensor.shape)}, stride "
+                f"{list(tensor.stride)}) needs {stop * tensor.dtype.itemsize} bytes of storage "
+                f"{tensor.storage.key!r}, which holds {storage.nbytes}", path)
+
+
+# --------------------------------------------------------------------------- reading (whole tensors)
+
+
+def read_tensor(archive: TorchArchive, name: str) -> np.ndarray:
+    """Read one tensor's values whole (for tests and small tensors; the pipeline reads
+    blocks through the format reader).
+
+    Args:
+        archive: from :func:`load_torch_archive`.
+        name: a key of ``archive.tensors``.
+
+    Returns:
+        A new C-contiguous array of the tensor's dtype (with the file's byte order),
+        with torch's lazy conjugate/negative bits applied.
+    """
+    tensor = archive.tensors[name]
+    storage = archive.storages[tensor.storage.key]
+    itemsize = tensor.dtype.itemsize
+    if tensor.size == 0:
+        return np.empty(tensor.shape, tensor.dtype)
+    first, stop = tensor.span()
+    with open(archive.path, "rb") as handle:
+        raw = os.pread(handle.fileno(), (stop - first) * itemsize, storage.offset + first * itemsize)
+    if len(raw) != (stop - first) * itemsize:
+        raise FormatError(f"tensor {name!r}: the file ends inside its data", archive.path)
+    flat = np.frombuffer(raw, dtype=tensor.dtype)
+    view = np.lib.stride_tricks.as_strided(flat, tensor.shape, [s * itemsize for s in tensor.stride],
+                                           writeable=False)
+    values = np.array(view, order="C")
+    if tensor.conj:
+        values = np.conj(values)
+    if tensor.neg:
+        values = np.negative(values)
+    return values
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return (text.splitlines()[0] if text else type(error).__name__)[:200]
