@@ -350,6 +350,7 @@ def _accepted_globals() -> dict[tuple[str, str], _Global]:
         add(module, "frozenset", "frozenset")
         add(module, "complex", "complex")
         add(module, "bytearray", "bytearray")
+        add(module, "bytes", "bytes")  # b"" under protocols 0-2: bytes()
     add("_codecs", "encode", "encode")  # bytes under protocol 2: encode(str, 'latin1')
     return table
 
@@ -1072,6 +1073,10 @@ class _Interpreter:
         if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
             raise self.refused(f"calls {func.name} with {_kind(text)}, {encoding!r} (only latin1 text)")
         return text.encode("latin-1")
+
+    def reduce_bytes(self, func: _Global, args: tuple[Any, ...]) -> bytes:
+        self._arity(func, args, 0)
+        return b""
 
     def reduce_set(self, func: _Global, args: tuple[Any, ...]) -> set[Any]:
         return set(self._set_items_of(func, args))
