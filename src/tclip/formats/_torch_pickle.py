@@ -267,10 +267,6 @@ class _Global:
     arg: str = ""   # the dtype / storage class named
 
 
-class _Mark:
-    __slots__ = ()
-
-
 class Leaf(NamedTuple):
     """One entry of a flattened tree: the keys leading to it and the value."""
 
@@ -285,7 +281,7 @@ class PickleLimits:
     Attributes:
         max_bytes: largest pickle accepted (a state_dict of 100 000 tensors is ~10 MB).
         max_objects: values built (containers, records, strings, numbers).
-        max_pushes: stack pushes, references included (memo gets, DUP).
+        max_ops: opcodes run (each pushes at most one value, references included).
         max_memo: memo entries.
         max_marks: MARKs open at once.
         max_depth: nesting of containers in the result.
@@ -296,7 +292,7 @@ class PickleLimits:
 
     max_bytes: int = 64 << 20
     max_objects: int = 4_000_000
-    max_pushes: int = 32_000_000
+    max_ops: int = 32_000_000
     max_memo: int = 4_000_000
     max_marks: int = 1_000
     max_depth: int = 100
@@ -391,6 +387,8 @@ _REFUSED_OPS = frozenset({"INST", "OBJ", "NEWOBJ", "NEWOBJ_EX", "EXT1", "EXT2", 
 #: NEXT_BUFFER and READONLY_BUFFER are recognised and refused).
 ACCEPTED_OPCODES: tuple[str, ...] = tuple(sorted(set(_OP) - _REFUSED_OPS))
 
+_CHECK_EVERY = 4096
+_MAX_KEY_NESTING = 8
 _MAX_KEY_INT = (1 << 61) - 2  # ints hash to themselves below 2**61 - 1 (no collision chains)
 _MAX_DIMS = 64
 
@@ -417,7 +415,6 @@ class _Interpreter:
         self.metastack: list[list[Any]] = []
         self.memo: dict[int, Any] = {}
         self.objects = 0
-        self.pushes = 0
         self.storages: dict[str, StorageRef] = {}
         self.key_checked: dict[int, Any] = {}  # id -> key (kept alive so ids stay unique)
         self.op_start = start
@@ -459,33 +456,49 @@ class _Interpreter:
         return text
 
     def unpack(self, fmt: struct.Struct) -> Any:
-        return fmt.unpack(self.take(fmt.size))[0]
+        pos = self.pos
+        if pos + fmt.size > self.stop:
+            self.take(fmt.size)  # raises the right error
+        self.pos = pos + fmt.size
+        return fmt.unpack_from(self.data, pos)[0]
+
+    def byte(self) -> int:
+        pos = self.pos
+        if pos >= self.stop:
+            self.take(1)  # raises the right error
+        self.pos = pos + 1
+        return self.data[pos]
 
     # ------------------------------------------------------------------ stack
 
+    # Limits are checked every _CHECK_EVERY opcodes by run(), not per push: each
+    # opcode builds at most one object and pushes at most one value, so they are
+    # overshot by at most that many, and the hot path stays two lines.
+
     def push(self, value: Any) -> None:
-        self.pushes += 1
-        if self.pushes > self.limits.max_pushes:
-            raise self.refused_limit(f"more than {self.limits.max_pushes} stack pushes")
         self.stack.append(value)
 
     def new(self, value: Any) -> None:
         self.objects += 1
-        if self.objects > self.limits.max_objects:
-            raise self.refused_limit(f"more than {self.limits.max_objects} objects")
-        self.push(value)
+        self.stack.append(value)
+
+    def check_limits(self, ops: int) -> None:
+        limits = self.limits
+        if ops > limits.max_ops:
+            raise self.refused_limit(f"runs more than {limits.max_ops} opcodes")
+        if self.objects > limits.max_objects:
+            raise self.refused_limit(f"builds more than {limits.max_objects} objects")
+        if len(self.memo) > limits.max_memo:
+            raise self.refused_limit(f"builds more than {limits.max_memo} memo entries")
 
     def refused_limit(self, what: str) -> UnsupportedError:
-        return UnsupportedError(f"{self.where}: pickle builds {what} (a pickle bomb?); "
-                                "tclip stops here", self.path)
+        return UnsupportedError(f"{self.where}: the pickle {what} (a pickle bomb?); tclip stops here",
+                                self.path)
 
     def pop(self) -> Any:
         if not self.stack:
             raise self.malformed("stack underflow")
-        value = self.stack.pop()
-        if isinstance(value, _Mark):
-            raise self.malformed("MARK used as a value")
-        return value
+        return self.stack.pop()
 
     def top(self) -> Any:
         if not self.stack:
@@ -534,20 +547,22 @@ class _Interpreter:
 
     def run(self) -> Any:
         data = self.data
+        stop = self.stop
         handlers = self.handlers()
+        ops = 0
         try:
             while True:
-                if self.pos >= self.stop:
+                pos = self.pos
+                if pos >= stop:
                     if self.truncated_by_limit:
                         raise self.too_long()
                     raise self.malformed("ends without STOP")
-                self.op_start = self.pos
-                code = data[self.pos]
-                self.pos += 1
-                handler = handlers.get(code)
-                if handler is None:
-                    raise self.malformed(f"unknown opcode 0x{code:02x}")
-                handler()
+                self.op_start = pos
+                self.pos = pos + 1
+                handlers[data[pos]]()
+                ops += 1
+                if not ops % _CHECK_EVERY:
+                    self.check_limits(ops)
         except _Stop:
             pass
         except RecursionError:
@@ -556,20 +571,24 @@ class _Interpreter:
             if isinstance(error, (FormatError, UnsupportedError)):
                 raise
             raise self.malformed(str(error).splitlines()[0][:200] or type(error).__name__) from None
+        self.check_limits(ops)
         if self.metastack:
             raise self.malformed("MARK left open at STOP")
         if len(self.stack) != 1:
             raise self.malformed(f"{len(self.stack)} values on the stack at STOP, expected 1")
         return self.stack[0]
 
-    def handlers(self) -> dict[int, Any]:
-        table: dict[int, Any] = {}
+    def handlers(self) -> list[Any]:
+        table: list[Any] = [self.unknown_op] * 256
         for name, code in _OP.items():
             if name in _REFUSED_OPS:
                 table[code[0]] = self.refuse_op(name)
             else:
                 table[code[0]] = getattr(self, "op_" + name.lower())
         return table
+
+    def unknown_op(self) -> None:
+        raise self.malformed(f"unknown opcode 0x{self.data[self.op_start]:02x}")
 
     def refuse_op(self, name: str) -> Any:
         def handler() -> None:
@@ -599,7 +618,7 @@ class _Interpreter:
     # ------------------------------------------------------------------ framing
 
     def op_proto(self) -> None:
-        version = self.take(1)[0]
+        version = self.byte()
         if version > 5:
             raise self.malformed(f"unsupported pickle protocol {version}")
 
@@ -615,7 +634,7 @@ class _Interpreter:
 
     def op_mark(self) -> None:
         if len(self.metastack) >= self.limits.max_marks:
-            raise self.refused_limit(f"more than {self.limits.max_marks} nested MARKs")
+            raise self.refused_limit(f"nests more than {self.limits.max_marks} MARKs")
         self.metastack.append(self.stack)
         self.stack = []
 
@@ -655,7 +674,7 @@ class _Interpreter:
         self.new(self.unpack(_I32))
 
     def op_binint1(self) -> None:
-        self.push(self.take(1)[0])
+        self.push(self.byte())
 
     def op_binint2(self) -> None:
         self.new(self.unpack(_U16))
@@ -667,7 +686,7 @@ class _Interpreter:
         self.new(_parse_int(text))
 
     def op_long1(self) -> None:
-        n = self.take(1)[0]
+        n = self.byte()
         self.new(int.from_bytes(self.take(n), "little", signed=True))
 
     def op_long4(self) -> None:
@@ -700,7 +719,7 @@ class _Interpreter:
         self.new(_decode_str8(bytes(self.take(n))))
 
     def op_short_binstring(self) -> None:
-        n = self.take(1)[0]
+        n = self.byte()
         self.new(_decode_str8(bytes(self.take(n))))
 
     def op_unicode(self) -> None:
@@ -711,7 +730,7 @@ class _Interpreter:
         self.new(str(self.take(n), "utf-8", "surrogatepass"))
 
     def op_short_binunicode(self) -> None:
-        n = self.take(1)[0]
+        n = self.byte()
         self.new(str(self.take(n), "utf-8", "surrogatepass"))
 
     def op_binunicode8(self) -> None:
@@ -722,7 +741,7 @@ class _Interpreter:
         self.new(bytes(self.take(self.unpack(_U32))))
 
     def op_short_binbytes(self) -> None:
-        self.new(bytes(self.take(self.take(1)[0])))
+        self.new(bytes(self.take(self.byte())))
 
     def op_binbytes8(self) -> None:
         self.new(bytes(self.take(self.unpack(_U64))))
@@ -839,7 +858,7 @@ class _Interpreter:
         self._memo_put(_parse_int(self.line()))
 
     def op_binput(self) -> None:
-        self._memo_put(self.take(1)[0])
+        self._memo_put(self.byte())
 
     def op_long_binput(self) -> None:
         self._memo_put(self.unpack(_U32))
@@ -850,15 +869,15 @@ class _Interpreter:
     def _memo_put(self, index: int) -> None:
         if index < 0:
             raise self.malformed("negative memo index")
-        if index not in self.memo and len(self.memo) >= self.limits.max_memo:
-            raise self.refused_limit(f"more than {self.limits.max_memo} memo entries")
-        self.memo[index] = self.top()
+        if not self.stack:
+            raise self.malformed("stack underflow")
+        self.memo[index] = self.stack[-1]
 
     def op_get(self) -> None:
         self._memo_get(_parse_int(self.line()))
 
     def op_binget(self) -> None:
-        self._memo_get(self.take(1)[0])
+        self._memo_get(self.byte())
 
     def op_long_binget(self) -> None:
         self._memo_get(self.unpack(_U32))
