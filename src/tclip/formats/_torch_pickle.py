@@ -228,34 +228,36 @@ class OrderedDictValue(dict):  # type: ignore[type-arg]
 
 
 class _HashedTuple(tuple):  # type: ignore[type-arg]
-    """A tuple used as a dict key or set element, hashed through its text: tuple
-    hashes of attacker-chosen ints collide at will, and colliding keys make every
-    insert scan all the others (quadratic work from a small pickle)."""
+    """A tuple used as a dict key or set element, hashed through the text of its
+    items' hashes: CPython's tuple hash of attacker-chosen ints collides at will, and
+    colliding keys make every insert compare with all the others (quadratic work
+    from a small pickle). Its items are canonical keys (see ``_Interpreter.key``)."""
 
-    def __new__(cls, items: tuple[Any, ...]) -> _HashedTuple:
+    def __new__(cls, items: list[Any]) -> _HashedTuple:
         self = super().__new__(cls, items)
-        self._hash = hash(_canonical_key_text(self))  # once: a key may be used many times
+        self._hash = hash(",".join(map(_item_text, self)))  # str hashes are keyed per process
         return self
 
     def __hash__(self) -> int:
         return self._hash
 
 
-def _canonical_key_text(key: Any) -> str:
-    # Equal keys (1, 1.0, True) must give equal text, as they are equal dict keys.
-    if isinstance(key, tuple):
-        return "(" + ",".join(_canonical_key_text(item) for item in key) + ")"
-    if isinstance(key, (bool, int)):
-        return f"i{int(key)}"
-    if isinstance(key, float):
-        if key.is_integer():
-            return f"i{int(key)}"
-        return f"f{key.hex()}"
-    if isinstance(key, str):
-        return "s" + key
-    if isinstance(key, bytes):
-        return "b" + key.hex()
-    return "n"  # None
+def _item_text(item: Any) -> str:
+    # Equal items (1, 1.0, True) must give equal text: they are equal keys.
+    if isinstance(item, _HashedTuple):
+        return f"t{item._hash}"
+    if isinstance(item, str):
+        return f"s{hash(item)}"
+    if isinstance(item, bytes):
+        return f"b{hash(item)}"
+    if isinstance(item, float):
+        if item.is_integer():
+            return f"i{int(item)}"
+        # NaN equals only itself (tuples compare items by identity first)
+        return f"f{item.hex()}" if item == item else f"n{id(item)}"
+    if isinstance(item, int):
+        return f"i{int(item)}"
+    return "N"  # None
 
 
 @dataclass(frozen=True)
@@ -416,7 +418,9 @@ class _Interpreter:
         self.memo: dict[int, Any] = {}
         self.objects = 0
         self.storages: dict[str, StorageRef] = {}
-        self.key_checked: dict[int, Any] = {}  # id -> key (kept alive so ids stay unique)
+        # id(value) -> (value, canonical key, tuple depth); holding value keeps its id unique
+        self.key_cache: dict[int, tuple[Any, Any, int]] = {}
+        self.canonical: dict[Any, Any] = {}  # one object per distinct str/bytes/tuple key
         self.op_start = start
 
     # ------------------------------------------------------------------ errors
@@ -515,33 +519,46 @@ class _Interpreter:
     # ------------------------------------------------------------------ values
 
     def key(self, value: Any, what: str = "dict key") -> Any:
-        """A value checked for use as a dict key or set element."""
-        if isinstance(value, str | bytes | float) or value is None:
+        """A value checked for use as a dict key or set element, made canonical.
+
+        Equal str/bytes/tuple keys become one object, found by the id of the value
+        (each object is compared once, at a cost its own pickle bytes paid for);
+        dicts then match them by identity, so re-inserting an equal key never
+        compares long strings again.
+        """
+        if value is None or isinstance(value, float):
             return value
         if isinstance(value, int):  # bool included
-            if abs(value) > _MAX_KEY_INT:
+            if abs(value) > _MAX_KEY_INT:  # larger ints collide by hash (n and n + 2**61 - 1)
                 raise self.refused(f"{what} {value} is out of range")
             return value
-        if isinstance(value, tuple):
-            known = self.key_checked.get(id(value))
-            if known is not None:
-                return known
-            checked = self._tuple_key(value, what)
-            self.key_checked[id(value)] = checked
-            self.key_checked[id(checked)] = checked
-            return checked
-        raise self.refused(f"{what} of type {_kind(value)}")
+        return self._canonical_key(value, what, 1)[0]
 
-    def _tuple_key(self, value: tuple[Any, ...], what: str, depth: int = 0) -> _HashedTuple:
-        if depth > 8:
-            raise self.refused(f"{what} nested more than 8 tuples deep")
-        items = []
-        for item in value:
-            if isinstance(item, tuple):
-                items.append(self._tuple_key(item, what, depth + 1))
-            else:
-                items.append(self.key(item, what))
-        return _HashedTuple(tuple(items))
+    def _canonical_key(self, value: Any, what: str, level: int) -> tuple[Any, int]:
+        cached = self.key_cache.get(id(value))
+        if cached is not None:
+            _, canonical, depth = cached
+        elif isinstance(value, str | bytes):
+            canonical, depth = self.canonical.setdefault(value, value), 0
+        elif isinstance(value, tuple):
+            if level > _MAX_KEY_NESTING:
+                raise self.refused(f"{what} nested more than {_MAX_KEY_NESTING} tuples deep")
+            items, depth = [], 1
+            for item in value:
+                if isinstance(item, str | bytes | tuple):
+                    item, inner = self._canonical_key(item, what, level + 1)
+                    depth = max(depth, inner + 1)
+                else:
+                    item = self.key(item, what)
+                items.append(item)
+            hashed = _HashedTuple(items)
+            canonical = self.canonical.setdefault(hashed, hashed)
+        else:
+            raise self.refused(f"{what} of type {_kind(value)}")
+        if level - 1 + depth > _MAX_KEY_NESTING:
+            raise self.refused(f"{what} nested more than {_MAX_KEY_NESTING} tuples deep")
+        self.key_cache[id(value)] = (value, canonical, depth)
+        return canonical, depth
 
     # ------------------------------------------------------------------ run
 
