@@ -827,3 +827,19 @@ def test_equal_long_keys_become_one_object():
     assert first == second and first is not second
     assert len(one) == 1
     assert next(iter(other)) is first  # the second string became the first object
+
+
+def test_repeated_build_state_is_walked_once():
+    # one big plain state set on an OrderedDict 20 000 times: linear, not 20 000 walks
+    state = b"}(" + b"".join(text(f"k{i}") + num(i) for i in range(5000)) + b"uq\x00"
+    data = PROTO2 + EMPTY_ORDERED_DICT + state + b"b" + b"h\x00b" * 20_000 + b"."
+    root = load_torch_pickle(data).root
+    assert isinstance(root, OrderedDictValue) and len(root.attributes) == 5000
+
+
+def test_calls_repeated_on_one_big_argument_are_refused():
+    # set(big list) 100 000 times, five bytes a call: copies the pickle never paid for
+    items = b"](" + num(7) * 50_000 + b"eq\x00"
+    data = PROTO2 + items + b"0" + (glob("builtins", "set") + b"h\x00\x85R0") * 100_000 + b"N."
+    with pytest.raises(UnsupportedError, match="copies more than"):
+        load_torch_pickle(data)

@@ -220,11 +220,24 @@ class OrderedDictValue(dict):  # type: ignore[type-arg]
     ``_metadata``), kept apart from the items and never set as Python attributes.
     """
 
-    __slots__ = ("attributes",)
+    __slots__ = ("_states",)
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        self.attributes: dict[str, Any] = {}
+        # the state dicts BUILD applied, by id, in the order they last applied:
+        # kept by reference, so applying a big state many times costs nothing
+        self._states: dict[int, dict[str, Any]] = {}
+
+    @property
+    def attributes(self) -> dict[str, Any]:
+        merged: dict[str, Any] = {}
+        for state in self._states.values():
+            merged.update(state)
+        return merged
+
+    def _add_state(self, state: dict[str, Any]) -> None:
+        self._states.pop(id(state), None)
+        self._states[id(state)] = state
 
 
 class _HashedTuple(tuple):  # type: ignore[type-arg]
@@ -417,10 +430,13 @@ class _Interpreter:
         self.metastack: list[list[Any]] = []
         self.memo: dict[int, Any] = {}
         self.objects = 0
+        self.copied = 0
+        self.copy_budget = (stop - start) + 1_000_000
         self.storages: dict[str, StorageRef] = {}
         # id(value) -> (value, canonical key, tuple depth); holding value keeps its id unique
         self.key_cache: dict[int, tuple[Any, Any, int]] = {}
         self.canonical: dict[Any, Any] = {}  # one object per distinct str/bytes/tuple key
+        self.plain_seen: dict[int, Any] = {}  # containers already found plain (BUILD state)
         self.op_start = start
 
     # ------------------------------------------------------------------ errors
@@ -987,6 +1003,12 @@ class _Interpreter:
         builder = getattr(self, "reduce_" + func.kind, None)
         if builder is None:
             raise self.refused(f"calls {func.name}, which only names a value")
+        # Builders copy their arguments (set(list), bytes from str): a pickle could
+        # call one on the same big argument over and over, a few bytes per call.
+        # Copies that the pickle's own bytes did not pay for are refused.
+        self.copied += sum(len(a) for a in args if isinstance(a, str | bytes | list | tuple | dict))
+        if self.copied > self.copy_budget:
+            raise self.refused_limit(f"copies more than {self.copy_budget} items in calls")
         self.new(builder(func, args))
 
     def _arity(self, func: _Global, args: tuple[Any, ...], *counts: int) -> None:
@@ -1086,19 +1108,23 @@ class _Interpreter:
                          requires_grad, True, data.conj, data.neg)
 
     def plain_state(self, what: str, state: Any) -> None:
-        """Refuse state that is not plain attribute data (tensors, records, markers)."""
+        """Refuse state that is not plain attribute data (tensors, records, markers).
+
+        Each container is walked once per pickle (shared or repeated state costs
+        nothing the second time), so the work stays linear in the pickle's size.
+        """
         pending = [state]
-        seen = 0
         while pending:
             value = pending.pop()
-            seen += 1
-            if seen > 100_000:
-                raise self.refused(f"{what}: state too large")
-            if isinstance(value, dict):
-                pending.extend(value.keys())
-                pending.extend(value.values())
-            elif isinstance(value, list | tuple | set | frozenset):
-                pending.extend(value)
+            if isinstance(value, dict | list | tuple | set | frozenset):
+                if id(value) in self.plain_seen:
+                    continue
+                self.plain_seen[id(value)] = value  # held, so its id is not reused
+                if isinstance(value, dict):
+                    pending.extend(value.keys())
+                    pending.extend(value.values())
+                else:
+                    pending.extend(value)
             elif not isinstance(value, _PLAIN_SCALARS):
                 raise self.refused(f"{what} with state holding a {_kind(value)}")
 
@@ -1173,10 +1199,13 @@ class _Interpreter:
             else:
                 parts = [state]
             for part in parts:
-                if not isinstance(part, dict) or not all(isinstance(k, str) for k in part):
+                if not isinstance(part, dict):
                     raise self.refused(f"sets attributes on an OrderedDict from a {_kind(part)}")
-                self.plain_state("OrderedDict attributes", part)
-                target.attributes.update(part)
+                if id(part) not in self.plain_seen:
+                    if not all(isinstance(k, str) for k in part):
+                        raise self.refused("sets attributes on an OrderedDict with names that are not text")
+                    self.plain_state("OrderedDict attributes", part)
+                target._add_state(part)
             return
         if isinstance(target, TensorRef):
             # Attributes on a tensor or parameter are Python-side state, not data:
