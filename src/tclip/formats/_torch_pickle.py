@@ -44,6 +44,7 @@ __all__ = [
     "OrderedDictValue",
     "Leaf",
     "flatten",
+    "kind_of",
     "load_torch_pickle",
     "TORCH_DTYPES",
 ]
@@ -393,7 +394,6 @@ _OP = {
     "STACK_GLOBAL": b"\x93", "MEMOIZE": b"\x94", "FRAME": b"\x95",
     "BYTEARRAY8": b"\x96", "NEXT_BUFFER": b"\x97", "READONLY_BUFFER": b"\x98",
 }
-_NAMES = {code[0]: name for name, code in _OP.items()}
 # Opcodes that build objects from classes or need out-of-band data: always refused.
 _REFUSED_OPS = frozenset({"INST", "OBJ", "NEWOBJ", "NEWOBJ_EX", "EXT1", "EXT2", "EXT4",
                           "NEXT_BUFFER", "READONLY_BUFFER", "PERSID"})
@@ -789,7 +789,6 @@ class _Interpreter:
 
     def op_tuple(self) -> None:
         items = self.pop_mark()
-        self._no_marks(items)
         self.new(tuple(items))
 
     def op_tuple1(self) -> None:
@@ -812,7 +811,6 @@ class _Interpreter:
 
     def op_list(self) -> None:
         items = self.pop_mark()
-        self._no_marks(items)
         self.new(items)
 
     def op_append(self) -> None:
@@ -824,7 +822,6 @@ class _Interpreter:
 
     def op_appends(self) -> None:
         items = self.pop_mark()
-        self._no_marks(items)
         target = self.top()
         if not isinstance(target, list):
             raise self.malformed(f"APPENDS to a {_kind(target)}")
@@ -835,7 +832,6 @@ class _Interpreter:
 
     def op_dict(self) -> None:
         items = self.pop_mark()
-        self._no_marks(items)
         if len(items) % 2:
             raise self.malformed("DICT with an odd number of items")
         result: dict[Any, Any] = {}
@@ -852,7 +848,6 @@ class _Interpreter:
 
     def op_setitems(self) -> None:
         items = self.pop_mark()
-        self._no_marks(items)
         if len(items) % 2:
             raise self.malformed("SETITEMS with an odd number of items")
         target = self.top()
@@ -869,7 +864,6 @@ class _Interpreter:
 
     def op_additems(self) -> None:
         items = self.pop_mark()
-        self._no_marks(items)
         target = self.top()
         if not isinstance(target, set):
             raise self.malformed(f"ADDITEMS to a {_kind(target)}")
@@ -878,12 +872,7 @@ class _Interpreter:
 
     def op_frozenset(self) -> None:
         items = self.pop_mark()
-        self._no_marks(items)
         self.new(frozenset(self.key(item, "set element") for item in items))
-
-    def _no_marks(self, items: list[Any]) -> None:
-        # metastack keeps marks off the value stack; nothing else can put one there
-        pass
 
     # ------------------------------------------------------------------ memo
 
