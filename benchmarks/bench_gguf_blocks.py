@@ -87,8 +87,10 @@ def main() -> None:
                 total += float(np.add.reduce(wide * wide))
             return total
 
-        closed = values / best_time(lambda: gb.block_stats(type_id, flat, group_blocks=raw.shape[0], extremes=False), args.repeat) / 1e6
-        extremes = values / best_time(lambda: gb.block_stats(type_id, flat, group_blocks=raw.shape[0]), args.repeat) / 1e6
+        whole = raw.shape[0]
+        closed = values / best_time(lambda: gb.block_stats(type_id, flat, group_blocks=whole, extremes=False),
+                                    args.repeat) / 1e6
+        extremes = values / best_time(lambda: gb.block_stats(type_id, flat, group_blocks=whole), args.repeat) / 1e6
         dequantized = values / best_time(dequantize_norm, args.repeat) / 1e6
         reference = "-"
         if gguf_quants is not None:

@@ -7,12 +7,12 @@ import struct
 import time
 from pathlib import Path
 
+import gguf_helpers as gh
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import gguf_helpers as gh
 from tclip.errors import FormatError
 from tclip.formats._gguf_header import (
     ARRAY_HEAD,

@@ -1013,9 +1013,10 @@ def round_f16_product(bits: np.ndarray, factor: float) -> np.ndarray:
     sign = r_bits & np.uint16(0x8000)
     r_abs = np.where(r_mag == 0x7C00, 65536.0, r_mag.view(np.float16).astype(np.float64))
     n_abs = np.where(n_mag == 0x7C00, 65536.0, n_mag.view(np.float16).astype(np.float64))
-    midpoint = np.abs(s) == (r_abs + n_abs) / 2
-    # exact |product| = |s| + t * sign(s): beyond the midpoint means the larger magnitude
-    beyond = np.where(s < 0, -t, t)
-    use_n = midpoint & (beyond != 0) & ((beyond > 0) == (n_abs > r_abs))
+    with np.errstate(invalid="ignore"):  # NaN inputs, masked below
+        midpoint = np.abs(s) == (r_abs + n_abs) / 2
+        # exact |product| = |s| + t * sign(s): beyond the midpoint means the larger magnitude
+        beyond = np.where(s < 0, -t, t)
+        use_n = midpoint & (beyond != 0) & ((beyond > 0) == (n_abs > r_abs))
     out = np.where(use_n, sign | n_mag, r_bits).astype(np.uint16)
     return np.where(finite, out, bits).astype(np.uint16)

@@ -24,7 +24,6 @@ import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
