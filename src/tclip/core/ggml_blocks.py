@@ -960,11 +960,14 @@ def scale_blocks(type_id: int, raw: Any, factor: float, byteorder: str = "<") ->
     blocks = as_blocks(raw, type_id).copy()
     quant = _QUANTS[type_id]
     underflowed = subnormal = 0
-    for at in (quant.d_at, quant.m_at):
-        if at is None:
-            continue
+    fields = [at for at in (quant.d_at, quant.m_at) if at is not None]
+    # With one factor the result depends on the 16 bits alone: past a few thousand fields
+    # a table of all 65536 patterns is cheaper than the exact arithmetic per field.
+    table = round_f16_product(np.arange(1 << 16, dtype=np.uint16), factor) \
+        if blocks.shape[0] * len(fields) > 1 << 13 else None
+    for at in fields:
         bits = _f16_bits(blocks, at, order)
-        new = round_f16_product(bits, factor)
+        new = np.take(table, bits) if table is not None else round_f16_product(bits, factor)
         magnitude = new & np.uint16(0x7FFF)
         if np.any((magnitude == 0x7C00) & ((bits & np.uint16(0x7C00)) != 0x7C00)):
             raise ValueError(f"factor {factor!r} overflows a float16 scale of {type_name(type_id)}")
