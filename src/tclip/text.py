@@ -34,12 +34,37 @@ def show_value(value: Any) -> str:
         return safe(repr(value))
 
 
-_NUMBER_PARTS = re.compile(r"(\d+)")
+# ASCII digits only: ``\d`` and ``str.isdigit`` also accept ``²`` and other Unicode digits,
+# which ``int()`` refuses or reads as other numbers.
+_NUMBER_PARTS = re.compile(r"([0-9]+)")
 
 
 def natural_key(name: str) -> list[Any]:
-    """Sort key that puts ``layers.2`` before ``layers.10``."""
-    return [(0, int(part)) if part.isdigit() else (1, part) for part in _NUMBER_PARTS.split(name)]
+    """Sort key that puts ``layers.2`` before ``layers.10``.
+
+    Runs of ASCII digits compare as numbers -- by their length without leading zeros,
+    then digit by digit, so a name holding a number of thousands of digits costs no
+    ``int()`` (which refuses more than 4,300 digits) -- and equal numbers by their
+    text (``07`` before ``7``); everything else (``²``, other scripts' digits) is text.
+    """
+    parts = _NUMBER_PARTS.split(name)
+    key: list[Any] = []
+    for i, part in enumerate(parts):
+        if i % 2:  # split() puts the digit runs at the odd places, so places never mix kinds
+            digits = part.lstrip("0")
+            key.append((len(digits), digits, part))
+        else:
+            key.append(part)
+    return key
+
+
+def name_list(names: Sequence[str], limit: int = 3, *, total: int | None = None) -> str:
+    """``a, b, c and 47 more``: at most ``limit`` names (in the order given), so a line
+    naming tensors stays one line whatever their number; ``total`` when ``names`` holds
+    only the first few of them."""
+    count = len(names) if total is None else total
+    shown = ", ".join(names[:limit])
+    return shown if count <= limit else f"{shown} and {count - min(limit, len(names))} more"
 
 
 def _special(value: float | None, dash: str) -> str | None:

@@ -13,6 +13,7 @@ stay fast.
 from __future__ import annotations
 
 import glob
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -62,7 +63,7 @@ def _clip(ctx: click.Context, mode_factory: Callable[[], Any], kwargs: dict[str,
 
 
 def _check_outputs(output: Path | None, out_dir: Path | None, in_place: bool, files: tuple[str, ...]) -> None:
-    if output is not None and (len(files) > 1 or any(Path(f).is_dir() or (glob.has_magic(f) and not Path(f).exists())
+    if output is not None and (len(files) > 1 or any(os.path.isdir(f) or (glob.has_magic(f) and not os.path.exists(f))
                                                      or f.endswith(".index.json") for f in files)):
         raise click.UsageError("-o/--output takes exactly one input file; use --out-dir for several")
     if in_place and (output is not None or out_dir is not None):
@@ -77,7 +78,9 @@ def _check_outputs(output: Path | None, out_dir: Path | None, in_place: bool, fi
 
         if output.suffix.lower() not in suffixes():
             raise click.BadParameter(f"the suffix must be {suffix_list()}", param_hint="'-o/--output'")
-    if out_dir is not None and out_dir.exists() and not out_dir.is_dir():
+    # os.path's tests, not Path's: they answer False for a name too long (ENAMETOOLONG) where
+    # Path.exists raises; the run then names the problem in one line.
+    if out_dir is not None and os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise click.BadParameter(f"'{out_dir}' exists and is not a directory", param_hint="'--out-dir'")
 
 

@@ -122,6 +122,14 @@ def _click_error(error: Exception) -> int:
     if isinstance(error, BrokenPipeError):
         quiet_stdout()
         return EXIT_BROKEN_PIPE
+    if isinstance(error, OSError) and error.strerror and not os.environ.get("TCLIP_DEBUG"):
+        # The system refused a path outside any one file's work (a name over 255 bytes,
+        # ENAMETOOLONG): that is the user's input, not a bug.
+        from ..text import safe
+
+        where = error.filename if error.filename is not None else "tclip"
+        _say(f"Error: {safe(where)}: {error.strerror}")
+        return 1
     if os.environ.get("TCLIP_DEBUG"):
         raise error
     _say(f"Error: internal error: {type(error).__name__}: {error}")

@@ -218,7 +218,7 @@ def run_clip(mode: Any, *, files: tuple[str, ...], recursive: bool, output: Path
     created: list[Path] = []  # the folders this run makes, removed again if it writes nothing into them
     if out_dir is not None and not dry_run:
         folder = out_dir
-        while not folder.exists() and folder != folder.parent:
+        while not os.path.lexists(folder) and folder != folder.parent:  # False, not raised, for a name too long
             created.append(folder)
             folder = folder.parent
         try:

@@ -95,7 +95,9 @@ def expand_files(items: tuple[str, ...], recursive: bool) -> Iterator[tuple[str,
     """
     for item in items:
         path = Path(item)
-        if path.is_dir():
+        # os.path's tests answer False for a name too long (ENAMETOOLONG) where Path's raise:
+        # such an item then fails alone, with one line, when it is opened.
+        if os.path.isdir(path):
             indexes = sorted(path.glob("*.index.json"))
             if indexes:
                 for index in indexes:
@@ -107,7 +109,7 @@ def expand_files(items: tuple[str, ...], recursive: bool) -> Iterator[tuple[str,
                 yield item, None
             for p in files:
                 yield str(p), p
-        elif path.exists() or not glob.has_magic(item):
+        elif os.path.lexists(path) or not glob.has_magic(item):
             yield item, path
         else:
             matches = sorted(glob.glob(item, recursive=recursive), key=_natural)

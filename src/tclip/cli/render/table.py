@@ -223,10 +223,14 @@ def norm_bar(norm: float | None, threshold: float | None, highlight: bool, *, re
         filled = 0
     elif math.isinf(norm):
         filled = width
-    elif relative:
-        filled = max(0, min(width, round(width * (1 + math.log10(norm / threshold) / (2 * DECADES)))))
     else:
-        filled = max(0, min(width, round(half + half * math.log10(norm / threshold) / DECADES)))
+        # A difference of logarithms, not the log of a ratio: norm / threshold overflows
+        # to inf for a threshold of 1e-320 (a subnormal), and round(inf) raises.
+        decades = math.log10(norm) - math.log10(threshold)
+        if relative:
+            filled = max(0, min(width, round(width * (1 + decades / (2 * DECADES)))))
+        else:
+            filled = max(0, min(width, round(half + half * decades / DECADES)))
     bar = Text()
     for i in range(width):
         if i < filled:

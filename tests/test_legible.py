@@ -1,0 +1,141 @@
+"""Issue 20 (items 6, 8-15, 21) and issue 21 (items 9, 10): the report legible on real runs.
+
+Real runs: a 219-tensor Llama, 12 steps in Hugging Face Trainer's ``checkpoint-N/``
+folders, tables at 80 columns and through pipes."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from formats_helpers import safetensors_bytes
+
+from tclip.cli import cli
+from tclip.text import natural_key
+
+PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+               "mlp.up_proj", "mlp.down_proj")
+
+
+def llama_names(layers: int = 24) -> list[str]:
+    """A Llama's 219 tensor names (24 layers of 9, the embedding, the final norm, the head)."""
+    names = ["model.embed_tokens.weight"]
+    for i in range(layers):
+        names += [f"model.layers.{i}.{p}.weight" for p in PROJECTIONS]
+        names += [f"model.layers.{i}.input_layernorm.weight", f"model.layers.{i}.post_attention_layernorm.weight"]
+    return names + ["model.norm.weight", "lm_head.weight"]
+
+
+def llama_tensors(seed: int = 0, dtype=np.float32, dim: int = 8) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {n: (rng.standard_normal((dim,) if "norm" in n else (dim, dim)) * 0.01).astype(dtype)
+            for n in llama_names()}
+
+
+def run(*args, env=None):
+    return CliRunner().invoke(cli, [str(a) for a in args], env=env)
+
+
+def tclip_process(*args, env=None, **kwargs):
+    full = {**os.environ, **(env or {})}
+    return subprocess.run([sys.executable, "-m", "tclip", *map(str, args)], capture_output=True, text=True,
+                          env=full, **kwargs)
+
+
+def tty_run(args: list[str], columns: int, env: dict[str, str] | None = None) -> str:
+    """tclip in a pseudo-terminal of ``columns`` columns, as a user sees it."""
+    import pty
+
+    code = ("import fcntl, struct, sys, termios; "
+            f"fcntl.ioctl(1, termios.TIOCSWINSZ, struct.pack('HHHH', 50, {columns}, 0, 0)); "
+            "from tclip.cli.entry import main; sys.argv = ['tclip'] + sys.argv[1:]; main()")
+    full = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR")}
+    full.update({"COLUMNS": str(columns), "TERM": "xterm-256color", **(env or {})})
+    master, slave = pty.openpty()
+    process = subprocess.Popen([sys.executable, "-c", code, *args], stdout=slave, stderr=subprocess.DEVNULL,
+                               stdin=subprocess.DEVNULL, env=full)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    process.wait()
+    os.close(master)
+    return b"".join(chunks).decode("utf-8", "replace").replace("\r\n", "\n")
+
+
+# ------------------------------------------------------------------ 21.9 natural sort
+
+
+def test_natural_sort_takes_only_ascii_digits_as_numbers():
+    names = ["w²", "w10", "w2", "w" + "9" * 5000, "w" + "1" * 4999 + "0", "w٣", "w007", "w7"]
+    ordered = sorted(names, key=natural_key)
+    assert ordered[:4] == ["w2", "w007", "w7", "w10"]
+    assert ordered[4:6] == ["w" + "1" * 4999 + "0", "w" + "9" * 5000]  # by length, then digits: no int()
+    assert set(ordered[6:]) == {"w²", "w٣"}  # text, not numbers
+
+
+def test_odd_names_neither_stop_a_run_nor_crash_after_writing(tmp_path):
+    odd = {"²": np.ones(3, np.float32), "layer." + "7" * 5000: np.full(3, 2.0, np.float32),
+           "layer.3": np.full(3, 4.0, np.float32)}
+    (tmp_path / "²").mkdir()
+    source = tmp_path / "²" / "step_²².safetensors"
+    source.write_bytes(safetensors_bytes(odd))
+    (tmp_path / "²" / ("step_" + "5" * 200 + ".safetensors")).write_bytes(safetensors_bytes(odd))
+    for command in (["report"], ["info"], ["norm", "--clip", "1"]):
+        result = run(*command, tmp_path / "²")
+        assert result.exit_code == 0, result.output
+        assert "internal error" not in result.output
+    assert "²" in run("report", source).stdout
+
+
+# ------------------------------------------------------------------ 21.10 extreme values and names
+
+
+def test_a_subnormal_clip_renders_its_table(tmp_path):
+    source = tmp_path / "g.safetensors"
+    source.write_bytes(safetensors_bytes(llama_tensors()))
+    for command in (["norm", "--clip", "1e-320"], ["global", "--clip", "1e-320"], ["average", "--clip", "1e-320"]):
+        result = run(*command, "--force", source)
+        assert result.exit_code == 0, result.output
+        assert "model.layers.17.self_attn.k_proj.weight" in result.stdout
+
+
+def test_names_over_255_bytes_are_one_clean_error(tmp_path):
+    source = tmp_path / "g.safetensors"
+    source.write_bytes(safetensors_bytes({"w": np.ones(3, np.float32)}))
+    long = "a" * 300
+    cases = [["report", tmp_path / f"{long}.npz"], ["norm", "--clip", "1", "--out-dir", tmp_path / long, source],
+             ["norm", "--clip", "1", "--out-dir", tmp_path / long / "x", source],
+             ["norm", "--clip", "1", "-o", tmp_path / f"{long}.npz", source],
+             ["diff", tmp_path / long, source], ["info", tmp_path / long / "x.npz"]]
+    for args in cases:
+        result = tclip_process(*args)
+        assert result.returncode == 1, (args, result.stderr)
+        lines = result.stderr.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("Error: "), (args, result.stderr)
+        assert "internal error" not in result.stderr and "Traceback" not in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g.safetensors"]  # nothing written
+    # One such name among good files: the others still run.
+    result = tclip_process("report", tmp_path / f"{long}.npz", source)
+    assert result.returncode == 1 and "g.safetensors" in result.stdout
+
+
+def test_name_list_is_bounded():
+    from tclip.text import name_list
+
+    assert name_list(["a", "b"]) == "a, b"
+    assert name_list([f"t{i}" for i in range(51)]) == "t0, t1, t2 and 48 more"
+    assert name_list(["a", "b", "c"], total=40) == "a, b, c and 37 more"
