@@ -139,3 +139,17 @@ def test_name_list_is_bounded():
     assert name_list(["a", "b"]) == "a, b"
     assert name_list([f"t{i}" for i in range(51)]) == "t0, t1, t2 and 48 more"
     assert name_list(["a", "b", "c"], total=40) == "a, b, c and 37 more"
+
+
+# ------------------------------------------------------------------ 20.14 NO_COLOR
+
+
+def test_no_color_writes_no_escape_codes_unless_color_always(tmp_path):
+    source = tmp_path / "g.safetensors"
+    source.write_bytes(safetensors_bytes(llama_tensors()))
+    args = ["report", "--max-norm", "0.05", str(source)]
+    assert "\x1b[" in tty_run(args, 80)  # a terminal gets colour by default
+    plain = tty_run(args, 80, {"NO_COLOR": "1"})
+    assert "\x1b[" not in plain and "model.layers.17.self_attn.k_proj.weight" in plain
+    assert "\x1b[" in tty_run(args, 80, {"NO_COLOR": ""})  # set but empty: no-color.org says ignore it
+    assert "\x1b[" in tty_run(["report", "--color", "always", *args[1:]], 80, {"NO_COLOR": "1"})

@@ -48,10 +48,13 @@ def make_console(stderr: bool, color: str) -> tuple[Any, int | None]:
     except (AttributeError, ValueError):
         tty = False
     kwargs: dict[str, Any] = {"stderr": stderr, "highlight": False, "emoji": False, "markup": False}
+    if color == "auto" and os.environ.get("NO_COLOR"):
+        color = "never"  # no-color.org: set and not empty; rich alone would still write bold and dim
     if color == "never":
-        kwargs["color_system"] = None  # no escape codes at all (NO_COLOR keeps bold and dim)
+        kwargs["color_system"] = None  # no escape codes at all
     elif color == "always":
         kwargs["force_terminal"] = True
+        kwargs["no_color"] = False  # asked for by name: NO_COLOR does not override it
     if not tty:
         kwargs["width"] = UNLIMITED
     console = _Console(**kwargs)
