@@ -117,8 +117,10 @@ def test_global_norm_covers_selected_tensors_only(st):
     assert data["global_norm"] == pytest.approx(tclip.global_norm([before["mlp.w"]]), rel=1e-12)
     after = read_all(st.with_name("grads.clipped.safetensors"))
     np.testing.assert_array_equal(after["attn.q"], before["attn.q"])
-    skipped = {t["name"]: t["skipped"] for t in data["tensors"]}
-    assert skipped == {"attn.q": "not selected", "mlp.w": None, "step": "not selected"}
+    skipped = {t["name"]: (t["selected"], t["skipped"]) for t in data["tensors"]}
+    # Unselected tensors stay listed, marked, and are not "skipped" (issue 20.12).
+    assert skipped == {"attn.q": (False, None), "mlp.w": (True, None), "step": (False, None)}
+    assert (data["tensors_skipped"], data["tensors_not_selected"]) == (0, 2)
 
 
 def test_value_on_hdf5_keeps_attributes(tmp_path):

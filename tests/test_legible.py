@@ -153,3 +153,40 @@ def test_no_color_writes_no_escape_codes_unless_color_always(tmp_path):
     assert "\x1b[" not in plain and "model.layers.17.self_attn.k_proj.weight" in plain
     assert "\x1b[" in tty_run(args, 80, {"NO_COLOR": ""})  # set but empty: no-color.org says ignore it
     assert "\x1b[" in tty_run(["report", "--color", "always", *args[1:]], 80, {"NO_COLOR": "1"})
+
+
+# ------------------------------------------------------------------ 20.12 unselected tensors are counted
+
+
+@pytest.mark.parametrize("command", [["report"], ["norm", "--clip", "0.01", "--axes", "1", "--dry-run"],
+                                     ["global", "--clip", "0.01", "--dry-run"]])
+def test_unselected_tensors_are_counted_not_listed(tmp_path, command):
+    source = tmp_path / "model.safetensors"
+    source.write_bytes(safetensors_bytes(llama_tensors()))
+    result = run(*command, "--include", "model.layers.17.*", source, env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    rows = [line for line in result.stdout.splitlines() if " float32 " in line]
+    assert len(rows) == 9 and all(r.startswith("model.layers.17.") for r in rows)
+    assert "210 not selected" in result.stdout and "not selected:" not in result.stdout
+    assert re.search(r"  ·  (0|2) skipped", result.stdout)  # only the rank-1 norms, and only with --axes
+    data = json.loads(run(*command, "--include", "model.layers.17.*", "--json", source).stdout)
+    assert len(data["tensors"]) == 219 and data["tensors_not_selected"] == 210
+    unselected = [t for t in data["tensors"] if not t["selected"]]
+    assert len(unselected) == 210 and all(t["skipped"] is None for t in unselected)
+    assert data["tensors_skipped"] == (2 if "--axes" in command else 0)
+
+
+def test_unselected_tensors_of_an_index_are_counted_too(tmp_path):
+    tensors = llama_tensors()
+    names = list(tensors)
+    weight_map = {}
+    for k in range(3):
+        shard = f"model-0000{k + 1}-of-00003.safetensors"
+        (tmp_path / shard).write_bytes(safetensors_bytes({n: tensors[n] for n in names[k::3]}))
+        weight_map.update({n: shard for n in names[k::3]})
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    data = json.loads(run("report", "--include", "model.layers.17.*", "--json", index).stdout)
+    assert (len(data["tensors"]), data["tensors_not_selected"], data["tensors_skipped"]) == (219, 210, 0)
+    text = run("report", "--include", "model.layers.17.*", index).stdout
+    assert "210 not selected" in text and text.count("model.layers.17.") == 9

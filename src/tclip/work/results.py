@@ -17,6 +17,9 @@ import numpy as np
 
 from ..core.dtypes import dtype_name
 from ..messages import Naming, Tagged, library_name, spelled
+from .selection import SkipKind
+
+_NOT_SELECTED = SkipKind.NOT_SELECTED
 
 SCHEMA_VERSION = 1
 # A slice whose L2 norm is at most this is counted as near zero (a dead row).
@@ -102,6 +105,12 @@ class TensorReport:
         return self.nan + self.inf
 
     @property
+    def selected(self) -> bool:
+        """Whether the selection (--include/--exclude) picked it; an unselected tensor is
+        not *skipped*: skipped means it was picked and could not be worked on."""
+        return self.skipped is None or getattr(self.skipped, "kind", None) is not _NOT_SELECTED
+
+    @property
     def numel(self) -> int:
         return math.prod(self.shape)
 
@@ -111,6 +120,9 @@ class TensorReport:
         del item["dtype_label"]
         item["shape"] = list(self.shape)
         item["nonfinite"] = {"nan": self.nan, "inf": self.inf}
+        item["selected"] = self.selected
+        if not self.selected:
+            item["skipped"] = None
         del item["nan"], item["inf"]
         histogram = item.pop("histogram")
         if histogram is not None:
@@ -177,7 +189,13 @@ class FileReport:
 
     @property
     def skipped_count(self) -> int:
-        return sum(t.skipped is not None for t in self.tensors)
+        """Selected tensors left as they are (not floating, rank, refused...); unselected
+        ones are counted apart (:attr:`not_selected_count`)."""
+        return sum(t.skipped is not None and t.selected for t in self.tensors)
+
+    @property
+    def not_selected_count(self) -> int:
+        return sum(not t.selected for t in self.tensors)
 
     @property
     def nonfinite_tensors(self) -> list[str]:
@@ -199,6 +217,7 @@ class FileReport:
             "global_norm_after": self.global_norm_after,
             "tensors_clipped": self.clipped_count,
             "tensors_skipped": self.skipped_count,
+            "tensors_not_selected": self.not_selected_count,
             "tensors": [t.to_json() for t in self.tensors],
             "bytes_read": self.bytes_read,
             "bytes_written": self.bytes_written,

@@ -59,7 +59,7 @@ from .reporting import (
 )
 from .results import FileReport, InfoReport, Note, NoteKind
 from .rewrite import RewriteResult, rewrite_file
-from .selection import Selection, SkipKind
+from .selection import Selection
 from .statistics import FileStats, file_statistics
 
 
@@ -225,7 +225,7 @@ def clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_addres
         report = _set_report(tensor_set, stats, mode)
         report.dry_run = options.dry_run
         if stats:
-            entries = [t for s in stats for t in _listed(tensor_set, s.tensors)]
+            entries = [t for s in stats for t in _listed(tensor_set, s.path, s.tensors)]
             report.warnings += check_selection(entries, tensor_set.names, mode, options, tensor_set.name, "set")
         check_nonfinite(report, options, tensor_set.name)
         if resumed is not None:
@@ -287,12 +287,14 @@ def _rewrite_all(pool: TaskPool, calls: list, order: list[Path], journal: Path |
     return [results[f] for f in order]
 
 
-def _listed(tensor_set: TensorSet, tensors: list[Any]) -> list[Any]:
-    """The tensors (entries or report lines) a set's report shows: with an index, those the
-    selection picks from the index (a shard's other tensors are not the set's)."""
+def _listed(tensor_set: TensorSet, file: str, tensors: list[Any]) -> list[Any]:
+    """The tensors (entries or report lines) of ``file`` that are the set's: with an index,
+    those it maps to the file (a shard's other tensors are not the set's); the ones the
+    globs leave out are the set's, counted as not selected."""
     if tensor_set.allow is None:
         return list(tensors)
-    return [t for t in tensors if t.skipped is None or t.skipped.kind is not SkipKind.NOT_SELECTED]
+    allowed = tensor_set.allow[Path(file)]
+    return [t for t in tensors if t.name in allowed]
 
 
 def _set_report(tensor_set: TensorSet, stats: list[FileStats], mode: Any) -> FileReport:
@@ -300,7 +302,7 @@ def _set_report(tensor_set: TensorSet, stats: list[FileStats], mode: Any) -> Fil
                         format=stats[0].format if stats else None)
     for s in stats:
         part = start_report(s, mode.name, {})
-        report.tensors += _listed(tensor_set, part.tensors)
+        report.tensors += _listed(tensor_set, s.path, part.tensors)
         report.others += part.others
         report.bytes_read += part.bytes_read
     report.members = [{"file": s.path, "output": None} for s in stats]
@@ -342,7 +344,7 @@ def report_set(tensor_set: TensorSet, selection: Selection, order: str, axes: An
     finally:
         pool.close()
     merged = FileStats(tensor_set.name, stats[0].format if stats else "", sum(s.size_bytes for s in stats),
-                       [t for s in stats for t in _listed(tensor_set, s.tensors)],
+                       [t for s in stats for t in _listed(tensor_set, s.path, s.tensors)],
                        {k: v for s in stats for k, v in s.stats.items()},
                        [o for s in stats for o in s.others], tensor_set.metadata,
                        sum(s.bytes_read for s in stats))

@@ -74,7 +74,9 @@ def file_lines(report: FileReport, width: int | None, symbols: Symbols = UNICODE
     threshold = _threshold(report)
     slice_mode = any(t.max_slice_norm is not None for t in report.tensors)
     reading = report.mode == "report"
-    tensors = order_tensors(report.tensors, sort)
+    # Tensors the selection left out are counted under the table, not listed: with
+    # --include 'model.layers.17.*' the rows are the nine picked, not 219.
+    tensors = order_tensors([t for t in report.tensors if t.selected], sort)
     left_out = 0
     if top is not None:
         ranked = order_tensors([t for t in tensors if t.skipped is None or t.norm is not None], "norm")[:top]
@@ -231,6 +233,8 @@ def file_summary(report: FileReport, symbols: Symbols = UNICODE) -> list[Text]:
     if report.mode != "report":
         parts.append(f"{report.clipped_count} clipped")
     parts.append(f"{report.skipped_count} skipped")
+    if report.not_selected_count:
+        parts.append(f"{report.not_selected_count} not selected")
     if report.nonfinite_tensors:
         parts.append(f"{len(report.nonfinite_tensors)} with NaN/Inf")
     sep = f"  {symbols.dot}  "
