@@ -190,3 +190,41 @@ def test_unselected_tensors_of_an_index_are_counted_too(tmp_path):
     assert (len(data["tensors"]), data["tensors_not_selected"], data["tensors_skipped"]) == (219, 210, 0)
     text = run("report", "--include", "model.layers.17.*", index).stdout
     assert "210 not selected" in text and text.count("model.layers.17.") == 9
+
+
+# ------------------------------------------------------------------ 20.11 bounded lines
+
+
+def test_warning_and_error_lines_are_bounded_and_state_a_reason_once(tmp_path):
+    tensors = llama_tensors()
+    source = tmp_path / "model.safetensors"
+    source.write_bytes(safetensors_bytes(tensors))
+    result = run("norm", "--clip", "1", "--axes", "1", "--dry-run", source)
+    warning = [line for line in result.stderr.splitlines() if line.startswith("Warning:")]
+    assert len(warning) == 1 and len(warning[0]) < 300, warning
+    assert warning[0].count("rank 1 has no axis 1") == 1
+    assert "model.layers.0.input_layernorm.weight, model.layers.0.post_attention_layernorm.weight, " \
+           "model.layers.1.input_layernorm.weight and 46 more (rank 1 has no axis 1)" in warning[0]  # natural order
+    strict = run("norm", "--clip", "1", "--axes", "1", "--strict", source)
+    assert strict.exit_code == 1 and len(strict.stderr) < 300 and strict.stderr.count("rank 1 has no axis 1") == 1
+    table = run("report", "--axes", "1", source).stdout
+    under = [line for line in table.splitlines() if line.startswith("no slices")]
+    assert len(under) == 1 and under[0].endswith("and 46 more")
+    for i in range(0, 24, 2):  # NaN in 12 tensors: three named, in natural order
+        tensors[f"model.layers.{i}.mlp.up_proj.weight"][0, 0] = np.nan
+    source.write_bytes(safetensors_bytes(tensors))
+    refused = run("global", "--clip", "1", source)
+    assert refused.exit_code == 1 and len(refused.stderr.splitlines()) == 1
+    assert "model.layers.0.mlp.up_proj.weight (1 NaN), model.layers.2.mlp.up_proj.weight (1 NaN), " \
+           "model.layers.4.mlp.up_proj.weight (1 NaN) and 9 more" in refused.stderr
+
+
+def test_the_closing_line_of_a_run_names_a_few_failed_files(tmp_path):
+    files = []
+    for i in range(12):
+        bad = tmp_path / f"step_{i}.safetensors"
+        bad.write_bytes(b"not a tensor file at all")
+        files.append(bad)
+    result = run("report", *files)
+    closing = result.stdout.strip().splitlines()[-1]
+    assert closing.startswith("12 files: 0 ok, 12 failed") and closing.endswith("and 9 more)")

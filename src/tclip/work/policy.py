@@ -7,6 +7,7 @@ from ..core.dtypes import is_floating
 from ..core.modes import Mode
 from ..errors import NonFiniteError, TclipError, UnsupportedError
 from ..messages import Option
+from ..text import name_list, natural_key
 from .options import ClipOptions
 from .quantized import describe, scale_companions
 from .reporting import unmatched_note
@@ -55,19 +56,30 @@ def check_selection(entries: list[TensorEntry], names: list[str], mode: Mode, op
     notes = []
     rank_skips = [e for e in entries if is_rank_skip(e.skipped)]
     if rank_skips:
-        listing = ", ".join(f"{e.name} ({e.skipped})" for e in rank_skips[:20])
-        if len(rank_skips) > 20:
-            listing += f" and {len(rank_skips) - 20} more"
+        listing = _by_reason(rank_skips)
         if options.strict:
             raise TclipError((Option.AXES, f" does not fit {len(rank_skips)} tensor(s): {listing}"), where)
         if not any(e.skipped is None for e in entries):
             raise TclipError((Option.AXES, f" {_axes_text(getattr(mode, 'axes', None))} fits no tensor of the "
                                            f"{what} ({listing}); nothing was written"), where)
-        notes.append(Note(NoteKind.AXES_SKIPPED, f"{len(rank_skips)} tensor(s) left unchanged: {listing}"))
+        notes.append(Note(NoteKind.AXES_SKIPPED, f"{_tensors(len(rank_skips))} left unchanged: {listing}"))
     notes += [unmatched_note(pattern) for pattern in selection.unmatched(names)]
     if not any(e.skipped is None for e in entries):
         notes.append(Note(NoteKind.NOTHING_SELECTED, "no floating-point tensor selected; the output is a copy"))
     return notes
+
+
+def _tensors(count: int) -> str:
+    return f"{count:,} tensor" if count == 1 else f"{count:,} tensors"
+
+
+def _by_reason(entries: list[TensorEntry]) -> str:
+    """``a, b, c and 46 more (rank 1 has no axis 1)``: each reason once, after a few of its
+    names in natural order, so the line stays one line for 51 layernorms (issue 20.11)."""
+    groups: dict[str, list[str]] = {}
+    for e in sorted(entries, key=lambda e: natural_key(e.name)):
+        groups.setdefault(str(e.skipped), []).append(e.name)
+    return "; ".join(f"{name_list(names)} ({reason})" for reason, names in groups.items())
 
 
 def _axes_text(axes: object) -> str:
@@ -80,13 +92,13 @@ def check_nonfinite(report: FileReport, options: ClipOptions, where: object) -> 
     """Refuse NaN/Inf in the tensors worked on, unless the policy is to propagate them."""
     if options.nonfinite != "error":
         return
-    parts = []
-    for t in report.tensors:
-        if t.skipped is None and t.nonfinite:
-            counts = [f"{n} {label}" for n, label in ((t.nan, "NaN"), (t.inf, "Inf")) if n]
-            parts.append(f"{t.name} ({', '.join(counts)})")
-    if not parts:
+    bad = sorted((t for t in report.tensors if t.skipped is None and t.nonfinite), key=lambda t: natural_key(t.name))
+    if not bad:
         return
-    shown = ", ".join(parts[:10]) + (f" and {len(parts) - 10} more" if len(parts) > 10 else "")
+    parts = []
+    for t in bad[:3]:
+        counts = [f"{n:,} {label}" for n, label in ((t.nan, "NaN"), (t.inf, "Inf")) if n]
+        parts.append(f"{t.name} ({', '.join(counts)})")
+    shown = name_list(parts, total=len(bad))
     raise NonFiniteError(("NaN/Inf values in " + shown + "; nothing was written (", Option.PROPAGATE,
                           " clips them as TensorFlow does)"), where)

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.text import Text
 
-from ...text import fmt_column, fmt_number, natural_key, safe
+from ...text import fmt_column, fmt_number, name_list, natural_key, safe
 from ...work.results import FileReport, TensorReport, slice_label
 from ...work.selection import SkipKind, is_rank_skip
 from .table import (
@@ -181,7 +181,7 @@ def skipped_lines(report: FileReport, symbols: Symbols = UNICODE) -> list[Text]:
         reasons.setdefault(("skipped", f"not a tensor: {o.kind}"), []).append(o.name)
     lines = []
     for (form, reason), names in reasons.items():
-        shown = ", ".join(safe(n) for n in names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+        shown = name_list([safe(n) for n in names[:3]], total=len(names))
         if form == "measured whole":
             label = f"no slices: {safe(reason)}; measured whole"
         elif form == "measured":
@@ -284,5 +284,6 @@ def render_summary(ok: int, failed: Sequence[str], console: Console) -> None:
     if ok + len(failed) > 1:
         text = Text(f"{ok + len(failed)} files: {ok} ok", style="bold")
         if failed:
-            text.append(f", {len(failed)} failed ({', '.join(safe(f) for f in failed)})", style="bold red")
+            text.append(f", {len(failed)} failed ({name_list([safe(f) for f in failed[:3]], total=len(failed))})",
+                        style="bold red")
         print_lines(console, [text])
