@@ -228,3 +228,33 @@ def test_the_closing_line_of_a_run_names_a_few_failed_files(tmp_path):
     result = run("report", *files)
     closing = result.stdout.strip().splitlines()[-1]
     assert closing.startswith("12 files: 0 ok, 12 failed") and closing.endswith("and 9 more)")
+
+
+# ------------------------------------------------------------------ 20.10 how many slices of how many
+
+
+def rows_with_norms(norms: list[float], width: int = 4096) -> np.ndarray:
+    rows = np.zeros((len(norms), width), np.float32)
+    rows[:, 0] = norms  # each row's norm is its one non-zero value
+    return rows
+
+
+def test_the_note_under_a_clip_table_counts_slices_then_names_the_worst(tmp_path):
+    norms = [1.0] * 64
+    for i in range(18, 64):
+        norms[i] = 10.0 + i / 10  # 46 rows above 5
+    norms[32], norms[63], norms[55] = 900.0, 800.0, 700.0
+    source = tmp_path / "g.safetensors"
+    name = "model.layers.17.self_attn.k_proj.weight"
+    source.write_bytes(safetensors_bytes({name: rows_with_norms(norms),
+                                          "model.layers.17.input_layernorm.weight": np.ones(8, np.float32)}))
+    clipped = run("norm", "--clip", "5", "--axes", "1", "--dry-run", source, env={"COLUMNS": "80"}).stdout
+    assert f"{name}: 46 of 64 rows clipped; worst: 32, 63, 55; smallest row norm 1" in clipped
+    report = run("report", "--axes", "1", "--max-norm", "5", source)
+    assert report.exit_code == 3
+    assert f"{name}: 46 of 64 rows above 5; worst: 32, 63, 55; smallest row norm 1" in report.stdout
+    data = json.loads(run("report", "--axes", "1", "--max-norm", "5", "--json", source).stdout)
+    assert {t["name"]: t.get("slices_above") for t in data["tensors"]} == {
+        name: 46, "model.layers.17.input_layernorm.weight": None}
+    few = run("norm", "--clip", "750", "--axes", "1", "--dry-run", source).stdout
+    assert f"{name}: 2 of 64 rows clipped: 32, 63;" in few

@@ -391,7 +391,7 @@ def test_slices_by_index_smallest_and_dead(tmp_path):
     source.write_bytes(safetensors_bytes({"fc2.weight": w}))
     result = run("report", "--axes", "1", "--max-norm", "10", source)
     assert result.exit_code == 3
-    assert "fc2.weight: rows 7, 42 above 10; smallest row norm 0; 3 of 64 rows near zero" in result.stdout
+    assert "fc2.weight: 2 of 64 rows above 10: 7, 42; smallest row norm 0; 3 of 64 rows near zero" in result.stdout
     data = json.loads(run("report", "--axes", "1", "--json", source).stdout)["tensors"][0]
     assert data["near_zero_slices"] == 3 and data["min_slice_norm"] == 0
     assert [s["index"] for s in data["worst_slices"][:2]] in ([[7], [42]], [[42], [7]])

@@ -339,11 +339,12 @@ def run_report(*, files: tuple[str, ...], recursive: bool, order: str, axes: tup
 
     def measure(name: str, item: Any, progress: Any) -> Any:
         if use_sets:
-            report = report_set(item, selection, order, axes, moments, Budget(memory, threads or 0), progress)
+            report = report_set(item, selection, order, axes, moments, Budget(memory, threads or 0), progress,
+                                max_norm=max_norm)
         else:
             report = report_file(item, axes=axes, ord=order, selection=selection, moments=moments,
                                  progress=None if progress is None else progress(name), memory=memory,
-                                 threads=threads or 0)
+                                 threads=threads or 0, max_norm=max_norm)
         if max_norm is not None:
             where = item.name if use_sets else item
             if apply_gate(report, max_norm, axes is not None, where):

@@ -98,7 +98,7 @@ def clip_file(path: Path | str, mode: Mode, options: ClipOptions | None = None,
 
 def report_file(path: Path | str, *, axes: object = None, ord: str = "2", selection: Selection | None = None,
                 block_bytes: int | None = None, progress: Progress | None = None, moments: bool = False,
-                memory: int = Budget.memory, threads: int = 0) -> FileReport:
+                memory: int = Budget.memory, threads: int = 0, max_norm: float | None = None) -> FileReport:
     """Read a file and report the norms and statistics of its tensors; writes nothing.
 
     Args:
@@ -108,6 +108,8 @@ def report_file(path: Path | str, *, axes: object = None, ord: str = "2", select
         ord: the norm reported: "2" (L2), "1" or "inf" (largest |x|).
         selection: include/exclude globs.
         moments: also mean, std, zeros and a log2-magnitude histogram.
+        max_norm: the limit a gate will check (see :func:`tclip.work.gate.apply_gate`):
+            with ``axes``, each tensor then counts its slices above it.
 
     Returns:
         A :class:`FileReport` with mode "report"; ``global_norm`` is of that order
@@ -119,6 +121,8 @@ def report_file(path: Path | str, *, axes: object = None, ord: str = "2", select
     params: dict[str, object] = {"ord": ord}
     if axes is not None:
         params["axes"] = [axes] if isinstance(axes, int) else list(axes)  # type: ignore[call-overload]
+    if max_norm is not None:
+        params["max_norm"] = max_norm
     stats = file_statistics(path, selection=selection, axes=axes, track_l1=ord == "1", track_moments=moments,
                             budget=Budget(memory, threads, block_bytes), progress=progress, whole_if_rank_skip=True)
     report = report_from_stats(stats, ord, params, selection)

@@ -10,6 +10,7 @@ import numpy as np
 from ..core.dtypes import is_complex
 from ..core.modes import GlobalNormClip, Mode, NormClip, ValueClip
 from ..core.stats import TensorStats
+from .gate import gate_tolerance
 from .plan import Plan
 from .quantized import describe, scale_companions
 from .results import (
@@ -142,7 +143,7 @@ def report_from_stats(stats: FileStats, ord: str, params: dict[str, object],
         if complex_values:
             entry.min = entry.max = None  # complex numbers have no order
         if s.axes is not None:
-            slice_summary(entry, s, None)
+            slice_summary(entry, s, None, params.get("max_norm"))  # type: ignore[arg-type]
     # The global norm is over floating tensors (a complex one is measured, not counted).
     counted = [t for t in report.tensors if t.name in stats.stats and (t.skipped is None or is_rank_skip(t.skipped))]
     norms = [t.norm or 0.0 for t in counted]
@@ -176,8 +177,9 @@ def quantized_warning(names: list[str]) -> Note | None:
                 "raw codes and of their scale tensors as plain values, not of the real (dequantized) weights")
 
 
-def slice_summary(entry: TensorReport, stats: Any, scale: np.ndarray | None) -> None:
-    """Smallest slice norm, near-zero slices and the largest (or clipped) slices by index."""
+def slice_summary(entry: TensorReport, stats: Any, scale: np.ndarray | None, limit: float | None = None) -> None:
+    """Smallest slice norm, near-zero slices, the largest (or clipped) slices by index, and
+    with a gate's ``limit`` how many slices are above it (by the gate's tolerance)."""
     norms = np.asarray(stats.slice_norms(), dtype=np.float64)
     axes = stats.axes
     kept_shape = [n for i, n in enumerate(stats.shape) if i not in axes]
@@ -186,6 +188,9 @@ def slice_summary(entry: TensorReport, stats: Any, scale: np.ndarray | None) -> 
         return
     entry.min_slice_norm = float(np.nanmin(flat)) if not np.isnan(flat).all() else math.nan
     entry.near_zero_slices = int(np.count_nonzero(flat <= NEAR_ZERO_NORM))
+    if limit is not None:
+        bound = limit * (1 + gate_tolerance(entry.dtype))
+        entry.slices_above = int(np.count_nonzero((flat > bound) | np.isnan(flat)))
     order_key = np.where(np.isnan(flat), np.inf, flat)
     count = min(WORST_SLICES, flat.size)
     top = np.argpartition(-order_key, count - 1)[:count] if flat.size > count else np.arange(flat.size)

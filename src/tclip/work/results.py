@@ -93,6 +93,7 @@ class TensorReport:
     histogram: tuple[int, list[int]] | None = None
     min_slice_norm: float | None = None
     near_zero_slices: int | None = None
+    slices_above: int | None = None  # a report with a gate's limit: slices above it
     worst_slices: list[dict[str, Any]] | None = None
     dtype_label: str | None = None  # shown instead of the dtype (data that is not numbers)
 
@@ -127,7 +128,8 @@ class TensorReport:
         histogram = item.pop("histogram")
         if histogram is not None:
             item["log2_histogram"] = {"lowest": histogram[0], "counts": histogram[1]}
-        for key in ("min", "max", "mean", "std", "zeros", "min_slice_norm", "near_zero_slices", "worst_slices"):
+        for key in ("min", "max", "mean", "std", "zeros", "min_slice_norm", "near_zero_slices", "slices_above",
+                    "worst_slices"):
             if item[key] is None:
                 del item[key]
         if self.zeros is not None and self.numel:

@@ -330,7 +330,7 @@ def _finish_set_report(report: FileReport, stats: list[FileStats], plan: Plan, r
 
 def report_set(tensor_set: TensorSet, selection: Selection, order: str, axes: Any, moments: bool, budget: Budget,
                progress: Callable[[str], Callable[[int], None]] | None = None,
-               dask_address: str | None = None) -> FileReport:
+               dask_address: str | None = None, max_norm: float | None = None) -> FileReport:
     """The read-only report of a set: every tensor of every file, one global norm."""
     started = time.perf_counter()
     tensor_set = resolve(tensor_set)
@@ -351,6 +351,8 @@ def report_set(tensor_set: TensorSet, selection: Selection, order: str, axes: An
     params: dict[str, Any] = {"ord": order}
     if axes is not None:
         params["axes"] = list(axes)
+    if max_norm is not None:
+        params["max_norm"] = max_norm
     report = report_from_stats(merged, order, params, selection)
     report.members = [{"file": s.path, "output": None} for s in stats]
     if IN_PROGRESS_KEY in tensor_set.metadata:

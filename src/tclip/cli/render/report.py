@@ -204,11 +204,18 @@ def slice_lines(report: FileReport) -> list[Text]:
         plural = label + "s"
         flagged = [s for s in t.worst_slices
                    if s.get("clipped") or (isinstance(limit, (int, float)) and s["norm"] > limit)]
+        # How many of how many, then the worst few: "46 of 64 rows clipped; worst: 32, 63, 55"
+        # (the worst slices alone read as if only they were).
+        count = t.slices_clipped if report.mode != "report" else t.slices_above
+        if count is None or count < len(flagged):
+            count = len(flagged)
         parts = []
         if flagged:
-            indices = ", ".join(_slice_index(s["index"]) for s in flagged)
+            indices = ", ".join(_slice_index(s["index"]) for s in flagged[:3])
             verb = "clipped" if report.mode != "report" else f"above {fmt_number(limit)}"
-            parts.append(f"{plural} {indices} {verb}")
+            what = label if t.slices == 1 else plural
+            parts.append(f"{count:,} of {t.slices:,} {what} {verb}" + (f": {indices}" if count <= 3
+                                                                          else f"; worst: {indices}"))
         if t.min_slice_norm is not None:
             parts.append(f"smallest {label} norm {fmt_number(t.min_slice_norm)}")
         if t.near_zero_slices:
