@@ -258,3 +258,117 @@ def test_the_note_under_a_clip_table_counts_slices_then_names_the_worst(tmp_path
         name: 46, "model.layers.17.input_layernorm.weight": None}
     few = run("norm", "--clip", "750", "--axes", "1", "--dry-run", source).stdout
     assert f"{name}: 2 of 64 rows clipped: 32, 63;" in few
+
+
+# ------------------------------------------------------------------ 20.6 values flushed to zero
+
+
+def test_nonzero_count_is_exact_for_every_code_of_every_narrow_float():
+    import ml_dtypes
+
+    from tclip.core.zeros import counted, nonzero_count
+
+    names = ["bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e4m3b11fnuz",
+             "float8_e8m0fnu", "float4_e2m1fn"]
+    dtypes = [np.dtype(np.float16), np.dtype(">f2")] + [np.dtype(getattr(ml_dtypes, n)) for n in names
+                                                        if hasattr(ml_dtypes, n)]
+    for dtype in dtypes:
+        width = np.uint8 if dtype.itemsize == 1 else np.uint16
+        codes = np.arange(1 << (8 * dtype.itemsize), dtype=np.int64).astype(width).view(dtype)
+        with np.errstate(invalid="ignore"):
+            expected = int(np.count_nonzero(codes.astype(np.float64) != 0))
+        assert nonzero_count(codes) == expected, dtype
+        assert nonzero_count(codes, np.empty(codes.size, np.uint32)) == expected, dtype
+    assert not counted(np.dtype(np.float32)) and not counted(np.dtype(np.int16))
+
+
+def flushing_tensors(dtype) -> dict[str, np.ndarray]:
+    import ml_dtypes
+
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((256, 64)) * 1e-3
+    # Small gradients, 1 to 8 times the dtype's smallest value: a factor below 1/16 flushes them.
+    w[:, :16] = float(ml_dtypes.finfo(dtype).smallest_subnormal) * rng.integers(1, 9, (256, 16))
+    return {"model.layers.0.mlp.down_proj.weight": w.astype(dtype),
+            "model.layers.1.mlp.down_proj.weight": (w * 1000).astype(dtype),
+            "model.layers.0.input_layernorm.weight": np.ones(64, dtype),
+            "model.layers.0.self_attn.q_proj.weight": w.astype(np.float32)}
+
+
+def read_safetensors(path: Path) -> dict[str, np.ndarray]:
+    from formats_helpers import read_all
+
+    return read_all(path)
+
+
+@pytest.mark.parametrize("args", [["global", "--clip", "0.01"], ["norm", "--clip", "0.0005", "--axes", "1"]],
+                         ids=["global", "norm-rows"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float8_e4m3fn"])
+def test_values_flushed_to_zero_are_counted_exactly_and_named(tmp_path, args, dtype):
+    import ml_dtypes
+
+    kind = np.dtype(getattr(ml_dtypes, dtype, None) or dtype)
+    source = tmp_path / "g.safetensors"
+    source.write_bytes(safetensors_bytes(flushing_tensors(kind)))
+    result = run(*args, "--json", source)
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    before, after = read_safetensors(source), read_safetensors(tmp_path / "g.clipped.safetensors")
+    with np.errstate(invalid="ignore"):
+        lost = {n: int(np.count_nonzero(before[n].astype(np.float64)) - np.count_nonzero(after[n].astype(np.float64)))
+                for n in before}
+    counted = {t["name"]: t["flushed_to_zero"] for t in data["tensors"]}
+    assert counted["model.layers.0.self_attn.q_proj.weight"] is None  # float32: not counted
+    assert lost["model.layers.0.mlp.down_proj.weight"] > 0
+    for name, count in counted.items():
+        if count is not None:
+            assert count == lost[name], name
+    named = [n for n, c in sorted(counted.items(), key=lambda x: -(x[1] or 0)) if c]
+    warning = [line for line in result.stderr.splitlines() if "flushed non-zero values to 0" in line]
+    assert len(warning) == 1 and named[0] in warning[0]
+    assert f"{named[0]} ({counted[named[0]]:,} of 16,384 values, {kind.name})" in warning[0]
+    assert warning[0] in [f"Warning: {source}: {w}" for w in data["warnings"]]
+
+
+def test_no_flush_no_warning_and_a_set_warns_once(tmp_path):
+    import ml_dtypes
+
+    tensors = flushing_tensors(ml_dtypes.bfloat16)
+    source = tmp_path / "g.safetensors"
+    source.write_bytes(safetensors_bytes(tensors))
+    calm = run("global", "--clip", "1e6", "--json", "--dry-run", source)  # factor 1: nothing scaled
+    assert "flushed" not in calm.stderr
+    assert {t["flushed_to_zero"] for t in json.loads(calm.stdout)["tensors"]} <= {0, None}
+    weight_map = {}
+    for k, name in enumerate(tensors):
+        shard = f"model-0000{k + 1}-of-00004.safetensors"
+        (tmp_path / shard).write_bytes(safetensors_bytes({name: tensors[name]}))
+        weight_map[name] = shard
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    result = run("global", "--clip", "0.01", "--dry-run", index)
+    assert result.exit_code == 0, result.output
+    assert len([line for line in result.stderr.splitlines() if "flushed" in line]) == 1
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz"])
+@pytest.mark.parametrize("factor", [0.9, 0.5, 0.3, 2.0 ** -12, 1e-30, 0.0])
+def test_the_range_of_codes_that_flush_counts_exactly(dtype, factor):
+    import ml_dtypes
+
+    from tclip.core.kernels import scale_unit
+    from tclip.core.zeros import flush_limit, flushed_count, nonzero_count
+
+    kind = np.dtype(getattr(ml_dtypes, dtype, None) or dtype)
+    width = np.uint8 if kind.itemsize == 1 else np.uint16
+    values = np.arange(1 << (8 * kind.itemsize), dtype=np.int64).astype(width).view(kind)
+    limit = flush_limit(kind, factor)
+    assert limit is not None
+    scaled = values.copy()
+    counted_before = flushed_count(values, limit, np.empty(values.size, np.uint32))
+    scale_unit(scaled, factor)
+    with np.errstate(invalid="ignore"):
+        wide, after = values.astype(np.float64), scaled.astype(np.float64)
+    assert counted_before == int(np.count_nonzero((wide != 0) & (after == 0)))
+    assert counted_before == nonzero_count(values) - nonzero_count(scaled)
+    assert (limit == 0) == (factor > 0.5)

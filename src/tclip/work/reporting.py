@@ -10,6 +10,7 @@ import numpy as np
 from ..core.dtypes import is_complex
 from ..core.modes import GlobalNormClip, Mode, NormClip, ValueClip
 from ..core.stats import TensorStats
+from ..text import name_list
 from .gate import gate_tolerance
 from .plan import Plan
 from .quantized import describe, scale_companions
@@ -101,6 +102,8 @@ def finish_report(report: FileReport, stats: FileStats, plan: Plan, rewrite: Rew
             fill_after(entry, before, scales.get(name))
             if isinstance(plan.mode, ValueClip):
                 entry.changed, entry.clipped = 0, False
+        if rewrite is not None and name in rewrite.flushed:
+            entry.flushed_to_zero = rewrite.flushed[name]
         if before.axes is not None:
             slice_summary(entry, before, scales.get(name))
     report.global_norm, after = global_norms([entries[n] for n in chosen])
@@ -111,6 +114,21 @@ def finish_report(report: FileReport, stats: FileStats, plan: Plan, rewrite: Rew
         report.bytes_written = rewrite.bytes_written
         report.output = rewrite.output
         report.warnings += rewrite.warnings
+    note = flush_note(report.tensors)
+    if note is not None:
+        report.warnings.append(note)
+
+
+def flush_note(tensors: list[TensorReport]) -> Note | None:
+    """The warning that scaling 16- or 8-bit floats made non-zero values zero: the tensors,
+    most values lost first, each with how many of its values."""
+    hit = sorted((t for t in tensors if t.flushed_to_zero), key=lambda t: -t.flushed_to_zero)  # type: ignore[operator]
+    if not hit:
+        return None
+    parts = [f"{t.name} ({t.flushed_to_zero:,} of {t.numel:,} values, {t.dtype_text})" for t in hit[:3]]
+    tensors_text = "1 tensor" if len(hit) == 1 else f"{len(hit):,} tensors"
+    return Note(NoteKind.FLUSHED_TO_ZERO, f"clipping flushed non-zero values to 0 (scaled below their dtype's "
+                                          f"smallest value) in {tensors_text}: {name_list(parts, total=len(hit))}")
 
 
 def global_norms(picked: list[TensorReport]) -> tuple[float, float | None]:

@@ -40,6 +40,7 @@ class NoteKind(enum.Enum):
     RESUMED = "an unfinished in-place run was resumed"
     INTERRUPTED = "an in-place run was interrupted here"
     CHECK_FAILED = "a check the user asked for failed"
+    FLUSHED_TO_ZERO = "scaling made non-zero values of narrow floats zero"
 
 
 class Note(Tagged):
@@ -96,6 +97,8 @@ class TensorReport:
     slices_above: int | None = None  # a report with a gate's limit: slices above it
     worst_slices: list[dict[str, Any]] | None = None
     dtype_label: str | None = None  # shown instead of the dtype (data that is not numbers)
+    # A rewritten 16- or 8-bit float tensor: non-zero values the scaling made zero (None: not counted).
+    flushed_to_zero: int | None = None
 
     @property
     def dtype_text(self) -> str:

@@ -12,8 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from ..core.kernels import Scratch, clip_unit, scale_unit
 from ..core.stats import TensorStats, kept_index, normalize_axes
+from ..core.zeros import counted, counts_flushes, flush_limit, flushed_count, nonzero_count
 from ..errors import TclipError, UnsupportedError
 from ..formats import TensorReader, TensorWriter, create_writer, open_reader
 from ..formats.registry import holds_metadata, output_format
@@ -37,6 +40,8 @@ class RewriteResult:
     elapsed_s: float = 0.0
     warnings: list[Note] = field(default_factory=list)
     measured: bool = True  # the after-statistics were measured
+    # Per rewritten 16- or 8-bit float tensor: how many non-zero values the scaling made zero.
+    flushed: dict[str, int] = field(default_factory=dict)
 
 
 def rewrite_file(source: Path | str | TensorReader, work: dict[str, TensorWork], target: Path | None, *,
@@ -123,6 +128,9 @@ def _run_rewrite(reader: TensorReader, writer: TensorWriter | None, work: dict[s
                  budget: Budget, progress: Progress | None, held: HeldTensors | None, written: set[str],
                  result: RewriteResult, measure_after: bool = True) -> None:
     steps: list[Walk | Action] = []
+    # Tensors whose factors may flush values to zero: the range of codes that flush (see
+    # tclip.core.zeros.flush_limit), or None to count the non-zero values before and after.
+    flushing: dict[str, int | None] = {}
     for name, info in reader.tensors.items():
         task = work.get(name)
         if task is None:
@@ -131,6 +139,14 @@ def _run_rewrite(reader: TensorReader, writer: TensorWriter | None, work: dict[s
         tensor_axes = normalize_axes(axes, len(info.shape)) if task.scale is not None and task.scale.ndim else None
         result.after[name] = TensorStats.empty(info.shape, tensor_axes)
         result.changed[name] = 0
+        if task.scale is not None and task.bounds is None and info.encoding is None \
+                and counted(info.dtype):
+            result.flushed[name] = 0
+            smallest = float(np.min(task.scale)) if np.size(task.scale) else 1.0
+            if counts_flushes(info.dtype, smallest):
+                # One factor: the codes that flush are a range, counted once before scaling;
+                # per-slice factors: the non-zero values before and after.
+                flushing[name] = flush_limit(info.dtype, smallest) if task.scale.ndim == 0 else None
         steps.append(tensor_walk(reader, name, axes=tensor_axes, held=held,
                                  writer=writer if writer is not None and name in written else None))
 
@@ -138,21 +154,34 @@ def _run_rewrite(reader: TensorReader, writer: TensorWriter | None, work: dict[s
         walk = block.walk
         task, after = work[walk.name], result.after[walk.name]
         scale = walk.view(task.scale) if task.scale is not None and task.scale.ndim else None
-        results, changed = [], 0
+        count_flushes = walk.name in flushing
+        limit = flushing.get(walk.name)
+        results, changed, flushed = [], 0, 0
         for k, (unit,) in block.units():
             if task.bounds is not None:
                 count, wide = clip_unit(unit, task.bounds[0], task.bounds[1], scratch)
                 changed += count
-            elif scale is not None:
+                if measure_after:
+                    results.append(after.reduce(unit, scratch, walk.axes, wide, extremes=False))
+                continue
+            nonzero = 0
+            if count_flushes:
+                if limit is not None:
+                    flushed += flushed_count(unit, limit, scratch.bits)
+                else:
+                    nonzero = nonzero_count(unit, scratch.bits)
+            if scale is not None:
                 wide = scale_unit(unit, scale[kept_index(walk.grid.index(k), unit.ndim, walk.axes)], scratch)
             else:
                 wide = scale_unit(unit, float(task.scale), scratch)  # type: ignore[arg-type]
+            if count_flushes and limit is None:
+                flushed += nonzero - nonzero_count(unit, scratch.bits)
             if measure_after:
                 results.append(after.reduce(unit, scratch, walk.axes, wide, extremes=False))
-        return results, changed
+        return results, changed, flushed
 
-    def merge(block: Block, outcome: tuple[list[tuple], int]) -> None:
-        results, changed = outcome
+    def merge(block: Block, outcome: tuple[list[tuple], int, int]) -> None:
+        results, changed, flushed = outcome
         walk = block.walk
         after = result.after[walk.name]
         target = walk.view(after.sum_of_squares) if after.axes is not None else None
@@ -161,6 +190,8 @@ def _run_rewrite(reader: TensorReader, writer: TensorWriter | None, work: dict[s
         if not measure_after:
             after.count += block.end - block.start
         result.changed[walk.name] += changed
+        if flushed:
+            result.flushed[walk.name] += flushed
 
     result.bytes_read += run_pass(steps, budget, rewrite, merge, progress=progress,
                                   total=os.stat(reader.path).st_size)

@@ -52,6 +52,7 @@ from .plan import Plan, TensorWork, make_plan
 from .policy import check_nonfinite, check_selection, refuse_quantized
 from .reporting import (
     finish_report,
+    flush_note,
     global_norms,
     mode_params,
     report_from_stats,
@@ -319,6 +320,9 @@ def _finish_set_report(report: FileReport, stats: list[FileStats], plan: Plan, r
         report.bytes_read += rewrites[s.path].bytes_read if s.path in rewrites else 0
         report.bytes_written += rewrites[s.path].bytes_written if s.path in rewrites else 0
         report.warnings += rewrites[s.path].warnings if s.path in rewrites else []
+    note = flush_note(report.tensors)  # one line for the set (each part's own went with the part)
+    if note is not None:
+        report.warnings.append(note)
     before, after = global_norms([t for t in report.tensors if t.skipped is None])
     report.global_norm = plan.global_norm if plan.global_norm is not None else before
     if after is not None:
