@@ -372,3 +372,159 @@ def test_the_range_of_codes_that_flush_counts_exactly(dtype, factor):
     assert counted_before == int(np.count_nonzero((wide != 0) & (after == 0)))
     assert counted_before == nonzero_count(values) - nonzero_count(scaled)
     assert (limit == 0) == (factor > 0.5)
+
+
+# ------------------------------------------------------------------ 20.8, 20.9, 20.13 report --summary
+
+
+SPIKED = "model.layers.17.self_attn.k_proj.weight"
+
+
+def trainer_run(root: Path, folders: bool = True) -> list[Path]:
+    """12 steps of a 219-tensor model, ±3% noise between steps, one tensor ×300 at step 700:
+    Trainer's checkpoint-N/model.safetensors (or step_N.safetensors files)."""
+    base = llama_tensors()
+    rng = np.random.default_rng(7)
+    paths = []
+    for step in range(100, 1300, 100):
+        tensors = {n: (v * (1 + 0.03 * rng.uniform(-1, 1))).astype(np.float32) for n, v in base.items()}
+        if step == 700:
+            tensors[SPIKED] = tensors[SPIKED] * 300
+        if folders:
+            path = root / f"checkpoint-{step}" / "model.safetensors"
+            path.parent.mkdir(parents=True)
+        else:
+            path = root / f"step_{step}.safetensors"
+        path.write_bytes(safetensors_bytes(tensors))
+        paths.append(path)
+    return paths
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+def test_summary_labels_trainer_folders_and_keeps_what_tells_tensors_apart(tmp_path, columns):
+    trainer_run(tmp_path / "trainer")
+    screen = tty_run(["report", "--summary", str(tmp_path / "trainer" / "*" / "model.safetensors")], columns,
+                     {"NO_COLOR": "1"})
+    lines = screen.splitlines()
+    assert all(len(line) <= columns for line in lines), [line for line in lines if len(line) > columns]
+    rows = [line for line in lines if line.startswith("checkpoint-")]
+    assert [r.split()[0] for r in rows[:12]] == [f"checkpoint-{s}" for s in range(100, 1300, 100)]
+    spike = next(r for r in rows if r.startswith("checkpoint-700 "))
+    assert re.search(r"layers\.17\.\S*k_proj\.weight", spike), spike  # layer and projection stay visible
+    changes = [line for line in lines if "checkpoint-600 → checkpoint-700" in line]
+    assert len(changes) == 1 and re.search(r"17\.\S*k_proj\.weight", changes[0])
+    assert re.search(r"×(29\d|30\d)$", changes[0])
+
+
+def test_summary_through_a_pipe_shows_whole_names_and_labels(tmp_path):
+    trainer_run(tmp_path / "trainer")
+    text = run("report", "--summary", tmp_path / "trainer" / "*" / "model.safetensors").stdout
+    assert re.search(rf"^checkpoint-700 +[\d.]+ +█ +{re.escape(SPIKED)} ", text, re.M), text
+
+
+def test_trend_sparkline_is_flat_for_noise_and_shows_a_spike():
+    from tclip.cli.render.table import UNICODE, trend_sparkline
+
+    rng = np.random.default_rng(0)
+    noise = [2.0 * (1 + 0.03 * rng.uniform(-1, 1)) for _ in range(10)]
+    assert trend_sparkline(noise, UNICODE) == "▂" * 10  # ±3%: flat
+    assert trend_sparkline([2.0] * 5 + [2.02] + [2.0] * 4, UNICODE) == "▂" * 10  # a 1% rise is no block
+    spiked = noise[:6] + [noise[6] * 300] + noise[7:]
+    assert trend_sparkline(spiked, UNICODE) == "▂" * 6 + "█" + "▂" * 3
+    doubled = trend_sparkline([2.0] * 9 + [4.0], UNICODE)
+    assert doubled[:9] == "▂" * 9 and doubled[9] in "▃▄▅"  # 2x: a bump, not a full block
+    assert trend_sparkline([2.0, float("nan"), 2.0, 0.5, float("inf")], UNICODE) == "▂!▂▁!"
+
+
+def test_summary_header_sparkline_on_real_steps(tmp_path):
+    trainer_run(tmp_path, folders=False)
+    first = run("report", "--summary", tmp_path / "step_*.safetensors").stdout.splitlines()[0]
+    assert first == "12 files, global norm ▂▂▂▂▂▂█▂▂▂▂▂"
+
+
+def test_summary_honours_top_and_sort_and_rejects_stats(tmp_path):
+    trainer_run(tmp_path, folders=False)
+    pattern = str(tmp_path / "step_*.safetensors")
+    refused = run("report", "--summary", "--stats", pattern)
+    assert refused.exit_code == 2 and "--stats" in refused.stderr and "--summary" in refused.stderr
+    text = run("report", "--summary", "--top", "3", pattern).stdout
+    after = text.split("largest changes between consecutive files")[1].strip().splitlines()
+    assert len([line for line in after if " → " in line]) == 3
+    objects = [json.loads(line) for line in run("report", "--summary", "--top", "2", "--json", pattern).stdout.splitlines()]
+    assert max(len(o["changes"]) for o in objects) == 2
+    by_norm = run("report", "--summary", "--sort", "norm", pattern).stdout.splitlines()
+    assert by_norm[3].startswith("step_700 ")  # the largest global norm first
+    given = [tmp_path / f"step_{s}.safetensors" for s in (1200, 100, 700)]
+    ordered = run("report", "--summary", "--sort", "order", *given).stdout.splitlines()
+    assert [line.split()[0] for line in ordered[3:6]] == ["step_1200", "step_100", "step_700"]
+    assert "step_1200 → step_100" in run("report", "--summary", "--sort", "order", *given).stdout
+
+
+def test_columns_that_give_way_are_named(tmp_path):
+    source = tmp_path / "model.safetensors"
+    source.write_bytes(safetensors_bytes(llama_tensors()))
+    screen = tty_run(["report", "--stats", str(source)], 80, {"NO_COLOR": "1"})
+    note = [line for line in screen.splitlines() if line.startswith("left out at 80 columns:")]
+    header = next(line for line in screen.splitlines() if line.startswith("tensor"))
+    assert len(note) == 1 and len(note[0]) <= 80
+    for column in ("min", "max", "mean", "log2 |x|"):
+        assert (f" {column}" in header) != (column in note[0]), column  # shown, or said to be left out
+    assert "left out" not in run("report", "--stats", source).stdout  # a pipe shows every column
+
+
+def test_names_never_cut_below_layer_and_projection(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from tclip.cli.render.report import render_file
+    from tclip.pipeline import report_file
+
+    source = tmp_path / "model.safetensors"
+    source.write_bytes(safetensors_bytes(llama_tensors()))
+    report = report_file(source, moments=True)
+    for width in (50, 60, 80):
+        console = Console(file=io.StringIO(), width=width, color_system=None)
+        render_file(report, console, stats=True)
+        rows = [line for line in console.file.getvalue().splitlines() if ".weight " in line]
+        for name in (n for n in llama_names() if ".layers." in n):
+            layer = name.split(".")[2]
+            part = name.split(".")[-2]
+            assert any(re.search(rf"(^|\.|…){layer}\.\S*{re.escape(part)}\.weight", row) for row in rows), (width, name)
+
+
+# ------------------------------------------------------------------ 20.15 batch clipping
+
+
+def test_clipping_twelve_step_files_prints_a_handful_of_lines(tmp_path):
+    trainer_run(tmp_path, folders=False)
+    result = run("norm", "--clip", "0.05", "--axes", "1", "--summary", tmp_path / "step_*.safetensors",
+                 env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    out, err = result.stdout.splitlines(), result.stderr.splitlines()
+    assert len(out) + len(err) <= 20, result.output
+    assert out[0] == "12 files, written each beside its input as NAME.clipped.EXT"
+    rows = [line for line in out if line.startswith("step_")]
+    assert [r.split()[0] for r in rows] == [f"step_{s}" for s in range(100, 1300, 100)]
+    assert len(err) == 1 and err[0].startswith("Warning: 12 files (") and "49 tensors left unchanged" in err[0]
+    assert out[-1] == "12 files: 12 ok"
+    assert len(list(tmp_path.glob("step_*.clipped.safetensors"))) == 12
+    # --json stays complete: one object per file with every tensor.
+    objects = [json.loads(line) for line in run("norm", "--clip", "0.05", "--axes", "1", "--summary", "--json",
+                                                 "--force", tmp_path / "step_*.safetensors").stdout.splitlines()]
+    assert len(objects) == 12 and all(len(o["tensors"]) == 219 for o in objects)
+
+
+def test_clip_top_and_bounded_slice_notes(tmp_path):
+    source = trainer_run(tmp_path, folders=False)[6]
+    result = run("norm", "--clip", "0.03", "--axes", "1", "--top", "3", "--dry-run", source)
+    assert result.exit_code == 0, result.output
+    rows = [line for line in result.stdout.splitlines() if " float32 " in line]
+    assert len(rows) == 3 and any(r.startswith(SPIKED) for r in rows)
+    assert "216 more tensor(s) not shown (--top 3)" in result.stdout
+    notes = [line for line in result.stdout.splitlines() if re.search(r": \d+ of \d+ rows clipped", line)]
+    assert len(notes) == 3  # the tensors shown
+    everything = run("norm", "--clip", "0.03", "--axes", "1", "--dry-run", source).stdout.splitlines()
+    notes = [line for line in everything if re.search(r": \d+ of \d+ rows clipped", line)]
+    assert len(notes) == 5 and notes[0].startswith(f"{SPIKED}: 8 of 8 rows clipped")
+    assert any(re.match(r"and \d+ more tensors with clipped or near-zero slices", line) for line in everything)

@@ -205,8 +205,10 @@ def global_command(ctx: click.Context, clip_norm: float, use_norm: float | None,
 @click.option("--max-norm", type=FiniteFloat(positive=True), default=None,
               help="Exit 3 if the global norm (with --axes: any slice norm) exceeds this, or any NaN/Inf is found.")
 @click.option("--sort", type=click.Choice(["name", "norm", "order"]), default="name", show_default=True,
-              help="Rows by name (natural order: layers.2 before layers.10), largest norm first, or file order.")
-@click.option("--top", type=click.IntRange(min=1), default=None, help="Only the K largest norms.")
+              help="Rows by name (natural order: layers.2 before layers.10), largest norm first, or file order "
+                   "(with --summary: files by path, by global norm, or as given).")
+@click.option("--top", type=click.IntRange(min=1), default=None,
+              help="Only the K largest norms (with --summary: the K largest changes; default 10).")
 @click.option("--stats", is_flag=True, help="Also min, max, mean, std, zeros and a log2 |x| histogram.")
 @click.option("--summary", is_flag=True,
               help="One row per file (natural order), then the tensors that changed most between files.")
@@ -227,6 +229,9 @@ def report_command(ctx: click.Context, **kwargs: Any) -> None:
         tclip report --max-norm 100 grads.safetensors || echo "exploded"
         tclip report --summary 'run/step_*.safetensors'
     """
+    if kwargs["summary"] and kwargs["stats"]:
+        # One row per file has no room for per-tensor statistics: say so, never ignore it.
+        raise click.UsageError("--stats shows per-tensor statistics and --summary one row per file; use one of them")
     from .runner import run_report
 
     ctx.exit(run_report(**kwargs))

@@ -125,6 +125,11 @@ def output_options(f: Callable) -> Callable:
         click.option("--dask", "dask_address", metavar="ADDRESS", default=None,
                      help="Run the per-file tasks on a dask.distributed scheduler (tcp://host:8786)."),
         click.option("--fail-fast", is_flag=True, help="Stop at the first file that fails."),
+        click.option("--top", type=click.IntRange(min=1), default=None,
+                     help="Show only the K tensors of largest norm in each table (as report does)."),
+        click.option("--summary", is_flag=True,
+                     help="One line per file (global norm before and after, clipped, skipped, output) "
+                          "instead of a table per file: for batch runs."),
     ]):
         f = decorator(f)
     return selection_options(budget_options(f))

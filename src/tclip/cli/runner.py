@@ -17,7 +17,7 @@ from typing import Any
 
 from ..errors import TclipError
 from ..messages import spelled
-from ..text import safe
+from ..text import name_list, safe
 from ..work.results import Note, NoteKind
 from .exits import EXIT_BROKEN_PIPE, EXIT_CHECK_FAILED, EXIT_FAILED, quiet_stdout
 from .words import flag
@@ -64,9 +64,14 @@ def make_console(stderr: bool, color: str) -> tuple[Any, int | None]:
 class Runner:
     """Runs one command over many files: errors per file, rendering, exit status."""
 
-    def __init__(self, as_json: bool, quiet: bool, color: str = "auto", fail_fast: bool = False) -> None:
+    def __init__(self, as_json: bool, quiet: bool, color: str = "auto", fail_fast: bool = False,
+                 batch: bool = False) -> None:
         self.as_json, self.quiet, self.fail_fast = as_json, quiet, fail_fast
         self.color = color
+        # A batch run (--summary) says each warning once, after the run, with the files it
+        # concerns: twelve step files skipping the same 49 layernorms make one line, not twelve.
+        self.batch = batch
+        self._held: dict[str, list[str]] = {}
         self._out: Any = None
         self._width: int | None = None
         self._err: Any = None
@@ -112,7 +117,16 @@ class Runner:
 
     def warn(self, name: str, message: str, always: bool = False) -> None:
         if always or not self.quiet:
+            if self.batch:
+                self._held.setdefault(message, []).append(name)
+                return
             self.say(f"Warning: {name}: {message}")
+
+    def _say_held(self) -> None:
+        for message, names in self._held.items():
+            where = names[0] if len(names) == 1 else f"{len(names)} files ({name_list(names, 1)})"
+            self.say(f"Warning: {where}: {message}")
+        self._held.clear()
 
     def note(self, name: str, warning: str) -> None:
         """A report's warning, options named by their flags; a failed check is shown even with -q."""
@@ -184,6 +198,7 @@ class Runner:
             show(result)
 
     def finish(self) -> int:
+        self._say_held()
         if not self.as_json and not self.quiet and self.ok + len(self.failed) > 1:
             from .render.report import render_summary
 
@@ -210,14 +225,14 @@ def run_clip(mode: Any, *, files: tuple[str, ...], recursive: bool, output: Path
              in_place: bool, force: bool, include: tuple[str, ...], exclude: tuple[str, ...], dry_run: bool,
              nonfinite: str, fail_fast: bool, as_json: bool, quiet: bool, color: str, threads: int | None,
              memory: int, drop_nonnumeric: bool, across_files: bool, dask_address: str | None,
-             strict: bool = False) -> int:
+             strict: bool = False, top: int | None = None, summary: bool = False) -> int:
     from ..formats.sharded import is_index, load_index
     from ..work.clip import clip_file
     from ..work.options import ClipOptions
     from ..work.selection import Selection
     from ..work.sets import clip_set, group_sets
 
-    runner = Runner(as_json, quiet, color, fail_fast)
+    runner = Runner(as_json, quiet, color, fail_fast, batch=summary and not as_json)
     created: list[Path] = []  # the folders this run makes, removed again if it writes nothing into them
     if out_dir is not None and not dry_run:
         folder = out_dir
@@ -244,10 +259,15 @@ def run_clip(mode: Any, *, files: tuple[str, ...], recursive: bool, output: Path
         except (TclipError, OSError):
             pass  # reported when it runs
 
+    finished: list[Any] = []
+
     def show(report: Any) -> None:
+        if summary:
+            finished.append(report)  # one line each, after the run
+            return
         from .render.report import render_file
 
-        render_file(report, runner.out, width=runner.width, sort="name")  # natural order, as report
+        render_file(report, runner.out, width=runner.width, sort="name", top=top)  # natural order, as report
 
     try:
         if not dry_run and not in_place:
@@ -278,6 +298,10 @@ def run_clip(mode: Any, *, files: tuple[str, ...], recursive: bool, output: Path
                 folder.rmdir()
             except OSError:
                 break
+    if finished:
+        from .render.batch import render_batch
+
+        render_batch(finished, runner.out, runner.width)
     return runner.finish()
 
 
@@ -329,7 +353,7 @@ def run_report(*, files: tuple[str, ...], recursive: bool, order: str, axes: tup
     selection = Selection(include, exclude)
     inputs = runner.expand(files, recursive)
     use_sets = across_files or any(is_index(p) for _, p in inputs)
-    moments = stats or as_json
+    moments = stats or (as_json and not summary)  # a summary's JSON has no moments
     reports = []
 
     def show(report: Any) -> None:
@@ -367,14 +391,15 @@ def run_report(*, files: tuple[str, ...], recursive: bool, order: str, axes: tup
             else:
                 runner.done(name, report, show)
     if summary:
-        from ..work.summary import summary_json
+        from ..work.summary import TOP_CHANGES, summary_json
         from .render.summary import render_across_files
 
+        changes = top if top is not None else TOP_CHANGES
         if as_json:
-            for item in summary_json(reports, flag):
+            for item in summary_json(reports, flag, sort=sort, top=changes):
                 runner.emit(item)
         elif not quiet:
-            render_across_files(reports, runner.out, runner.width)
+            render_across_files(reports, runner.out, runner.width, sort=sort, top=changes)
         return 1 if runner.failed else (EXIT_CHECK_FAILED if runner.checks_failed else 0)
     return runner.finish()
 

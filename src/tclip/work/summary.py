@@ -1,9 +1,12 @@
-"""``report --summary``'s data: files in natural order, each one's largest tensor, and the
-tensors whose norm changed most between consecutive files."""
+"""``report --summary``'s data: files in natural order (or as given), each one's largest
+tensor, the tensors whose norm changed most between consecutive files, and the labels
+that tell the files apart."""
 
 from __future__ import annotations
 
 import math
+import os
+import re
 from typing import Any
 
 from ..messages import Naming, library_name, spelled
@@ -15,6 +18,62 @@ TOP_CHANGES = 10
 
 def in_natural_order(reports: list[FileReport]) -> list[FileReport]:
     return sorted(reports, key=lambda r: natural_key(r.file))
+
+
+def in_step_order(reports: list[FileReport], sort: str = "name") -> list[FileReport]:
+    """The order "consecutive" means: natural order of the paths, or as given (``sort="order"``)."""
+    return list(reports) if sort == "order" else in_natural_order(reports)
+
+
+def in_row_order(reports: list[FileReport], sort: str = "name") -> list[FileReport]:
+    """The rows: in step order, or by global norm, largest first (``sort="norm"``; NaN first)."""
+    steps = in_step_order(reports, sort)
+    if sort != "norm":
+        return steps
+
+    def key(r: FileReport) -> tuple[int, float]:
+        g = r.global_norm
+        if g is None:
+            return (2, 0.0)
+        return (0, 0.0) if math.isnan(g) else (1, -g)
+
+    return sorted(steps, key=key)
+
+
+_SEPARATORS = re.compile(r"[/" + re.escape(os.sep) + r"]")
+
+
+def file_labels(paths: list[str]) -> dict[str, str]:
+    """What tells each file apart from the others: the part of its path that differs.
+
+    ``run/step_400.safetensors`` among ``run/step_*.safetensors`` is ``step_400`` (the
+    shared folder and suffix go); ``trainer/checkpoint-700/model.safetensors`` among the
+    Trainer's folders is ``checkpoint-700`` (the shared file name goes). Labels that would
+    not be unique fall back to the whole paths.
+    """
+    if not paths:
+        return {}
+    parts = {p: [c for c in _SEPARATORS.split(p)] for p in dict.fromkeys(paths)}
+    lists = list(parts.values())
+    shortest = min(len(c) for c in lists)
+    lead = 0
+    while lead < shortest - 1 and len({c[lead] for c in lists}) == 1:
+        lead += 1
+    trail = 0
+    while trail < shortest - lead - 1 and len({c[len(c) - 1 - trail] for c in lists}) == 1:
+        trail += 1
+    middle = {p: c[lead:len(c) - trail] for p, c in parts.items()}
+    labels = {p: "/".join(m) for p, m in middle.items()}
+    if trail == 0:
+        # The file names differ: a suffix they all share (.safetensors) tells nothing apart.
+        names = [m[-1] for m in middle.values()]
+        suffixes = {n[n.rfind("."):] if "." in n[1:] else "" for n in names}
+        suffix = suffixes.pop() if len(suffixes) == 1 else ""
+        if suffix:
+            labels = {p: label[: len(label) - len(suffix)] for p, label in labels.items()}
+    if len(set(labels.values())) != len(labels) or not all(labels.values()):
+        return {p: p for p in paths}
+    return labels
 
 
 def largest_tensor(report: FileReport) -> tuple[str | None, float | None]:
@@ -54,11 +113,16 @@ def changes(previous: FileReport, current: FileReport, top: int = TOP_CHANGES) -
     return out[:top]
 
 
-def summary_json(reports: list[FileReport], name: Naming = library_name) -> list[dict[str, Any]]:
-    """One object per file, in natural order, with the changes since the previous file."""
+def summary_json(reports: list[FileReport], name: Naming = library_name, *, sort: str = "name",
+                 top: int = TOP_CHANGES) -> list[dict[str, Any]]:
+    """One object per file, in row order (see :func:`in_row_order`), with the ``top``
+    largest changes since the previous file in step order."""
+    naming = name
     items = []
-    ordered = in_natural_order(reports)
-    for i, report in enumerate(ordered):
+    ordered = in_step_order(reports, sort)
+    position = {id(r): i for i, r in enumerate(ordered)}
+    for report in in_row_order(reports, sort):
+        i = position[id(report)]
         name, norm = largest_tensor(report)
         bad = [t for t in report.tensors if t.nonfinite]
         items.append(json_safe({
@@ -71,7 +135,7 @@ def summary_json(reports: list[FileReport], name: Naming = library_name) -> list
             "nonfinite": {"tensors": [t.name for t in bad], "nan": sum(t.nan for t in bad),
                           "inf": sum(t.inf for t in bad)},
             "previous": ordered[i - 1].file if i else None,
-            "changes": changes(ordered[i - 1], report) if i else [],
-            "warnings": [spelled(w, name) for w in report.warnings],
+            "changes": changes(ordered[i - 1], report, top) if i else [],
+            "warnings": [spelled(w, naming) for w in report.warnings],
         }))
     return items

@@ -69,8 +69,11 @@ def order_tensors(tensors: list[TensorReport], sort: str) -> list[TensorReport]:
 
 
 def file_lines(report: FileReport, width: int | None, symbols: Symbols = UNICODE, *, sort: str = "order",
-               top: int | None = None, stats: bool = False) -> tuple[list[Text], int]:
-    """The per-tensor table as lines, fitted to ``width``; and how many tensors ``top`` left out."""
+               top: int | None = None, stats: bool = False,
+               gave_way: list[str] | None = None,
+               shown: list[TensorReport] | None = None) -> tuple[list[Text], int]:
+    """The per-tensor table as lines, fitted to ``width``; and how many tensors ``top`` left out.
+    ``gave_way`` receives the headers of the columns the width left out, ``shown`` the rows' tensors."""
     threshold = _threshold(report)
     slice_mode = any(t.max_slice_norm is not None for t in report.tensors)
     reading = report.mode == "report"
@@ -83,6 +86,8 @@ def file_lines(report: FileReport, width: int | None, symbols: Symbols = UNICODE
         keep = {id(t) for t in ranked}
         left_out = len(tensors) - len(keep)
         tensors = [t for t in tensors if id(t) in keep]
+    if shown is not None:
+        shown += tensors
     dash = symbols.dash
     names = [t.name for t in tensors]
     shapes = [Text(symbols.times.join(map(str, t.shape)) or "()") for t in tensors]
@@ -161,7 +166,7 @@ def file_lines(report: FileReport, width: int | None, symbols: Symbols = UNICODE
                                       width=w, symbols=symbols))
             return cells
     styles = ["dim" if t.skipped and t.norm is None else None for t in tensors]
-    return lay_out(names, columns, width, symbols, bar, header, row_styles=styles), left_out
+    return lay_out(names, columns, width, symbols, bar, header, row_styles=styles, gave_way=gave_way), left_out
 
 
 def skipped_lines(report: FileReport, symbols: Symbols = UNICODE) -> list[Text]:
@@ -192,11 +197,18 @@ def skipped_lines(report: FileReport, symbols: Symbols = UNICODE) -> list[Text]:
     return lines
 
 
-def slice_lines(report: FileReport) -> list[Text]:
-    """Per tensor with slices: the largest (clipped or over the limit) by index, the smallest, dead ones."""
+# Tensors whose slices get a note under the table, at most: the worst first, then one line
+# for the rest (a 219-tensor file clipped by rows would otherwise add a line per tensor).
+SLICE_NOTES = 5
+
+
+def slice_lines(report: FileReport, shown: Sequence[TensorReport] | None = None) -> list[Text]:
+    """Per tensor with slices: how many slices are clipped (or over the limit) and the worst
+    by index, the smallest, dead ones -- for the tensors most affected (of ``shown``, the
+    table's rows), worst first; a line counts the others."""
     limit = report.params.get("max_norm") if report.mode == "report" else report.params.get("clip")
-    lines = []
-    for t in report.tensors:
+    notes: list[tuple[tuple[int, int], str, Text]] = []
+    for t in report.tensors if shown is None else shown:
         if not t.worst_slices or t.slices is None:
             continue
         axes = report.params.get("axes")
@@ -221,7 +233,15 @@ def slice_lines(report: FileReport) -> list[Text]:
         if t.near_zero_slices:
             parts.append(f"{t.near_zero_slices} of {t.slices} {plural} near zero")
         if flagged or t.near_zero_slices:
-            lines.append(Text(f"{safe(t.name)}: " + "; ".join(parts), style="dim"))
+            notes.append(((-count if flagged else 0, -(t.near_zero_slices or 0)), t.name,
+                          Text(f"{safe(t.name)}: " + "; ".join(parts), style="dim")))
+    notes.sort(key=lambda n: (n[0], natural_key(n[1])))
+    lines = [text for _, _, text in notes[:SLICE_NOTES]]
+    if len(notes) > SLICE_NOTES:
+        what = "clipped" if report.mode != "report" else "over the limit" if isinstance(limit, (int, float)) else ""
+        kinds = f"{what} or near-zero" if what else "near-zero"
+        lines.append(Text(f"and {len(notes) - SLICE_NOTES:,} more tensors with {kinds} slices (--json lists them all)",
+                          style="dim"))
     return lines
 
 
@@ -276,15 +296,31 @@ def render_file(report: FileReport, console: Console, *, width: int | None = -1,
     symbols = symbols_for(console)
     fit = console.width if width == -1 else width
     lines = [file_title(report, symbols)]
-    table, left_out = file_lines(report, fit, symbols, sort=sort, top=top, stats=stats)
+    gave_way: list[str] = []
+    shown: list[TensorReport] = []
+    table, left_out = file_lines(report, fit, symbols, sort=sort, top=top, stats=stats, gave_way=gave_way,
+                                 shown=shown)
     lines += table
     if left_out:
         lines.append(Text(f"{left_out} more tensor(s) not shown (--top {top})", style="dim"))
+    if gave_way and fit is not None:
+        lines.append(gave_way_line(gave_way, fit))
     lines += skipped_lines(report, symbols)
-    lines += slice_lines(report)
+    lines += slice_lines(report, shown if top is not None else None)
     lines += file_summary(report, symbols)
     print_lines(console, lines)
     console.print()
+
+
+def gave_way_line(headers: Sequence[str], width: int) -> Text:
+    """The dim line saying which columns the width left out (they never vanish silently),
+    within the width when it can be."""
+    unique = list(dict.fromkeys(headers))
+    for limit in range(len(unique), 0, -1):
+        text = f"left out at {width} columns: {name_list(unique, limit)} (a pipe shows all)"
+        if len(text) <= width:
+            break
+    return Text(text, style="dim")
 
 
 def render_summary(ok: int, failed: Sequence[str], console: Console) -> None:

@@ -140,6 +140,24 @@ def abbreviate(name: str, width: int, prefer: Sequence[int] = (), ellipsis: str 
     return ellipsis + name[len(name) - (width - len(ellipsis)):] if width > len(ellipsis) else name[:width]
 
 
+def essential(name: str, ellipsis: str = "…") -> str:
+    """The shortest form :func:`abbreviate` ever gives ``name``: its last segment, every
+    numbered segment (``17``) and the one before the last (``k_proj``) -- what tells a
+    tensor apart from its neighbours -- so ``…17.…k_proj.weight``. A column is never
+    narrower than this (see :func:`name_floor`)."""
+    segments, separators = _split(name)
+    n = len(segments)
+    shown = {i for i in (n - 1, n - 2, *[i for i, s in enumerate(segments) if any(c.isdigit() for c in s)])
+             if 0 <= i < n}
+    short = _render(segments, separators, shown, ellipsis)
+    return short if len(short) < len(name) else name
+
+
+def name_floor(names: Sequence[str], ellipsis: str = "…") -> int:
+    """The narrowest a column of ``names`` may be: the widest of their essential forms."""
+    return max((len(essential(n, ellipsis)) for n in names), default=0)
+
+
 def shorten_names(names: Sequence[str], width: int | None, ellipsis: str = "…") -> dict[str, str]:
     """How each name is shown in a column of ``width`` (None: unlimited); never two alike."""
     if width is None:
@@ -205,6 +223,46 @@ def sparkline(values: Sequence[float], symbols: Symbols) -> str:
     return "".join(out)
 
 
+# A value within this fraction of the median draws the baseline: noise of a few percent
+# between steps looks flat, so that what is drawn higher is a real change.
+DEAD_BAND = 0.10
+# The full block is at least this many decades above the median (more when the largest
+# value is further up): a rise of 2x draws a low bump, 10x a full block.
+TREND_DECADES = 1.0
+
+
+def trend_sparkline(values: Sequence[float | None], symbols: Symbols) -> str:
+    """One character per value, on a log scale relative to the median of the finite
+    positive values: within ±10% of the median the baseline (the second level), lower
+    the lowest level, higher up to the full block at max(10x the median, the largest
+    value); NaN/Inf ``!``. So ±3% noise is flat and a spike stands out (README: summary)."""
+    levels = symbols.spark
+    finite = sorted(v for v in values if v is not None and math.isfinite(v) and v > 0)
+    if not finite:
+        return "".join("!" if v is None or not math.isfinite(v) else levels[0] for v in values)
+    middle = len(finite) // 2
+    median = finite[middle] if len(finite) % 2 else (finite[middle - 1] + finite[middle]) / 2
+    band = math.log10(1 + DEAD_BAND)
+    top = max(math.log10(finite[-1]) - math.log10(median), TREND_DECADES)
+    steps = len(levels) - 2  # the levels above the baseline
+    out = []
+    for v in values:
+        if v is None or not math.isfinite(v):
+            out.append("!")
+            continue
+        if v <= 0:
+            out.append(levels[0])
+            continue
+        rise = math.log10(v) - math.log10(median)  # a difference of logs: no overflow for subnormals
+        if rise < -band:
+            out.append(levels[0])
+        elif rise <= band:
+            out.append(levels[1])
+        else:
+            out.append(levels[2 + min(steps - 1, int((rise - band) / (top - band) * steps))])
+    return "".join(out)
+
+
 def norm_bar(norm: float | None, threshold: float | None, highlight: bool, *, relative: bool = False,
              width: int = BAR_WIDTH, symbols: Symbols = UNICODE) -> Text:
     """A log-scale bar of ``norm``.
@@ -265,8 +323,12 @@ class Column:
 
 def lay_out(names: list[str], columns: list[Column], width: int | None, symbols: Symbols,
             bar: Callable[[int], list[Text]] | None = None, bar_header: str = "", name_header: str = "tensor",
-            row_styles: list[str | None] | None = None) -> list[Text]:
-    """Fit the name column and ``columns`` (plus an optional bar) into ``width`` (None: unlimited)."""
+            row_styles: list[str | None] | None = None, gave_way: list[str] | None = None) -> list[Text]:
+    """Fit the name column and ``columns`` (plus an optional bar) into ``width`` (None: unlimited).
+
+    The names are never cut below what tells them apart (:func:`name_floor`), even if the
+    line then runs past ``width``. ``gave_way`` receives the headers of the columns left out
+    (for a line saying so: a column never vanishes without a word)."""
     full = max([len(name_header)] + [len(n) for n in names])
     bar_width = BAR_WIDTH if bar is not None else 0
     cols = list(columns)
@@ -297,7 +359,8 @@ def lay_out(names: list[str], columns: list[Column], width: int | None, symbols:
             cols.remove(c)
             dropped.append(c)
         if total(name_width) > width:
-            name_width = max(MIN_NAME_WIDTH, name_width - (total(name_width) - width))
+            floor = min(full, max(MIN_NAME_WIDTH, name_floor(names, symbols.ellipsis)))
+            name_width = max(floor, name_width - (total(name_width) - width))
         else:
             for c in reversed(dropped):  # a column dropped too eagerly comes back if it fits
                 position = columns.index(c)
@@ -308,6 +371,9 @@ def lay_out(names: list[str], columns: list[Column], width: int | None, symbols:
             room = width - total(name_width) - GAP
             if room >= max(MIN_BAR_WIDTH, len(bar_header)):
                 bar_width = min(BAR_WIDTH, room)
+    if gave_way is not None:
+        # Columns with a header (a sparkline column without one is only decoration).
+        gave_way += [c.header for c in columns if c.header and all(c is not kept for kept in cols)]
     shown = shorten_names(names, name_width if name_width < full else None, symbols.ellipsis)
     name_width = max([len(name_header)] + [len(s) for s in shown.values()])
     bar_cells = bar(bar_width) if bar is not None and bar_width else None
