@@ -528,3 +528,12 @@ def test_clip_top_and_bounded_slice_notes(tmp_path):
     notes = [line for line in everything if re.search(r": \d+ of \d+ rows clipped", line)]
     assert len(notes) == 5 and notes[0].startswith(f"{SPIKED}: 8 of 8 rows clipped")
     assert any(re.match(r"and \d+ more tensors with clipped or near-zero slices", line) for line in everything)
+
+
+def test_summary_says_a_warning_shared_by_every_file_once(tmp_path):
+    trainer_run(tmp_path, folders=False)
+    result = run("report", "--summary", "--include", "model.*", "--include", "vision.*", tmp_path / "step_*.safetensors")
+    assert result.exit_code == 0, result.output
+    warnings = result.stderr.splitlines()
+    assert len(warnings) == 1 and warnings[0].startswith(f"Warning: 12 files ({tmp_path}/step_100.safetensors and 11 ")
+    assert warnings[0].endswith("pattern 'vision.*' matches no tensor")

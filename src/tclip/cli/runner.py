@@ -122,7 +122,7 @@ class Runner:
                 return
             self.say(f"Warning: {name}: {message}")
 
-    def _say_held(self) -> None:
+    def say_held(self) -> None:
         for message, names in self._held.items():
             where = names[0] if len(names) == 1 else f"{len(names)} files ({name_list(names, 1)})"
             self.say(f"Warning: {where}: {message}")
@@ -198,7 +198,7 @@ class Runner:
             show(result)
 
     def finish(self) -> int:
-        self._say_held()
+        self.say_held()
         if not self.as_json and not self.quiet and self.ok + len(self.failed) > 1:
             from .render.report import render_summary
 
@@ -349,7 +349,7 @@ def run_report(*, files: tuple[str, ...], recursive: bool, order: str, axes: tup
     from ..work.selection import Selection
     from ..work.sets import group_sets, report_set
 
-    runner = Runner(as_json, quiet, color)
+    runner = Runner(as_json, quiet, color, batch=summary and not as_json)
     selection = Selection(include, exclude)
     inputs = runner.expand(files, recursive)
     use_sets = across_files or any(is_index(p) for _, p in inputs)
@@ -400,6 +400,7 @@ def run_report(*, files: tuple[str, ...], recursive: bool, order: str, axes: tup
                 runner.emit(item)
         elif not quiet:
             render_across_files(reports, runner.out, runner.width, sort=sort, top=changes)
+        runner.say_held()
         return 1 if runner.failed else (EXIT_CHECK_FAILED if runner.checks_failed else 0)
     return runner.finish()
 
