@@ -49,8 +49,9 @@ def tclip_process(*args, env=None, **kwargs):
                           env=full, **kwargs)
 
 
-def tty_run(args: list[str], columns: int, env: dict[str, str] | None = None) -> str:
-    """tclip in a pseudo-terminal of ``columns`` columns, as a user sees it."""
+def tty_run(args: list[str], columns: int, env: dict[str, str] | None = None, cwd: Path | None = None,
+            check: bool = False) -> str:
+    """tclip in a pseudo-terminal of ``columns`` columns, as a user sees it (``check``: exit 0 or fail)."""
     import pty
 
     code = ("import fcntl, struct, sys, termios; "
@@ -60,7 +61,7 @@ def tty_run(args: list[str], columns: int, env: dict[str, str] | None = None) ->
     full.update({"COLUMNS": str(columns), "TERM": "xterm-256color", **(env or {})})
     master, slave = pty.openpty()
     process = subprocess.Popen([sys.executable, "-c", code, *args], stdout=slave, stderr=subprocess.DEVNULL,
-                               stdin=subprocess.DEVNULL, env=full)
+                               stdin=subprocess.DEVNULL, env=full, cwd=cwd)
     os.close(slave)
     chunks = []
     while True:
@@ -73,7 +74,9 @@ def tty_run(args: list[str], columns: int, env: dict[str, str] | None = None) ->
         chunks.append(chunk)
     process.wait()
     os.close(master)
-    return b"".join(chunks).decode("utf-8", "replace").replace("\r\n", "\n")
+    text = b"".join(chunks).decode("utf-8", "replace").replace("\r\n", "\n")
+    assert not check or process.returncode == 0, (process.returncode, text)
+    return text
 
 
 # ------------------------------------------------------------------ 21.9 natural sort
@@ -537,3 +540,26 @@ def test_summary_says_a_warning_shared_by_every_file_once(tmp_path):
     warnings = result.stderr.splitlines()
     assert len(warnings) == 1 and warnings[0].startswith(f"Warning: 12 files ({tmp_path}/step_100.safetensors and 11 ")
     assert warnings[0].endswith("pattern 'vision.*' matches no tensor")
+
+
+# ------------------------------------------------------------------ 20.21 README's first example
+
+
+def test_readme_first_example_runs_twice_and_prints_what_readme_shows(tmp_path, monkeypatch):
+    import shlex
+    import shutil
+
+    root = Path(__file__).resolve().parent.parent
+    readme = (root / "README.md").read_text()
+    command = next(line for line in readme.splitlines() if line.startswith("    pip install . && tclip "))
+    args = shlex.split(command.split("&& tclip ", 1)[1])
+    sample = readme.split("In an\n80-column terminal:\n\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    (tmp_path / "samples").mkdir()
+    shutil.copy(root / "samples" / "grads.npz", tmp_path / "samples" / "grads.npz")
+    for _ in range(2):  # a newcomer runs it again: it must work again
+        screen = tty_run(args, 80, {"NO_COLOR": "1"}, cwd=tmp_path, check=True)
+        assert (tmp_path / "samples" / "grads.clipped.npz").exists()
+    printed = screen.splitlines()
+    assert printed[0] == sample[0].strip() == "samples/grads.npz → samples/grads.clipped.npz"
+    timing = len(sample) - 1  # the last line holds times and speeds
+    assert [line.rstrip() for line in printed[1:timing]] == [line[4:].rstrip() for line in sample[1:timing]]
