@@ -261,6 +261,10 @@ def test_the_note_under_a_clip_table_counts_slices_then_names_the_worst(tmp_path
         name: 46, "model.layers.17.input_layernorm.weight": None}
     few = run("norm", "--clip", "750", "--axes", "1", "--dry-run", source).stdout
     assert f"{name}: 2 of 64 rows clipped: 32, 63;" in few
+    norms[40] = float("nan")
+    source.write_bytes(safetensors_bytes({name: rows_with_norms(norms)}))
+    nan = run("report", "--axes", "1", "--max-norm", "850", source).stdout
+    assert f"{name}: 2 of 64 rows above 850: 40, 32;" in nan  # a NaN row is over any limit, and named
 
 
 # ------------------------------------------------------------------ 20.6 values flushed to zero

@@ -214,8 +214,9 @@ def slice_lines(report: FileReport, shown: Sequence[TensorReport] | None = None)
         axes = report.params.get("axes")
         label = slice_label(t.shape, tuple(a % len(t.shape) for a in axes) if axes and t.shape else None)
         plural = label + "s"
-        flagged = [s for s in t.worst_slices
-                   if s.get("clipped") or (isinstance(limit, (int, float)) and s["norm"] > limit)]
+        flagged = [s for s in t.worst_slices  # a NaN slice norm is over any limit, as the gate has it
+                   if s.get("clipped") or (isinstance(limit, (int, float))
+                                           and (s["norm"] > limit or math.isnan(s["norm"])))]
         # How many of how many, then the worst few: "46 of 64 rows clipped; worst: 32, 63, 55"
         # (the worst slices alone read as if only they were).
         count = t.slices_clipped if report.mode != "report" else t.slices_above
