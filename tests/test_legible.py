@@ -457,7 +457,8 @@ def test_summary_honours_top_and_sort_and_rejects_stats(tmp_path):
     text = run("report", "--summary", "--top", "3", pattern).stdout
     after = text.split("largest changes between consecutive files")[1].strip().splitlines()
     assert len([line for line in after if " → " in line]) == 3
-    objects = [json.loads(line) for line in run("report", "--summary", "--top", "2", "--json", pattern).stdout.splitlines()]
+    lines = run("report", "--summary", "--top", "2", "--json", pattern).stdout.splitlines()
+    objects = [json.loads(line) for line in lines]
     assert max(len(o["changes"]) for o in objects) == 2
     by_norm = run("report", "--summary", "--sort", "norm", pattern).stdout.splitlines()
     assert by_norm[3].startswith("step_700 ")  # the largest global norm first
@@ -497,7 +498,8 @@ def test_names_never_cut_below_layer_and_projection(tmp_path):
         for name in (n for n in llama_names() if ".layers." in n):
             layer = name.split(".")[2]
             part = name.split(".")[-2]
-            assert any(re.search(rf"(^|\.|…){layer}\.\S*{re.escape(part)}\.weight", row) for row in rows), (width, name)
+            kept = rf"(^|\.|…){layer}\.\S*{re.escape(part)}\.weight"
+            assert any(re.search(kept, row) for row in rows), (width, name)
 
 
 # ------------------------------------------------------------------ 20.15 batch clipping
@@ -539,7 +541,8 @@ def test_clip_top_and_bounded_slice_notes(tmp_path):
 
 def test_summary_says_a_warning_shared_by_every_file_once(tmp_path):
     trainer_run(tmp_path, folders=False)
-    result = run("report", "--summary", "--include", "model.*", "--include", "vision.*", tmp_path / "step_*.safetensors")
+    result = run("report", "--summary", "--include", "model.*", "--include", "vision.*",
+                 tmp_path / "step_*.safetensors")
     assert result.exit_code == 0, result.output
     warnings = result.stderr.splitlines()
     assert len(warnings) == 1 and warnings[0].startswith(f"Warning: 12 files ({tmp_path}/step_100.safetensors and 11 ")
