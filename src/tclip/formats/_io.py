@@ -7,6 +7,7 @@ any thread, with no library in between.
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from collections.abc import Collection
@@ -72,10 +73,82 @@ def as_bytes(array: np.ndarray) -> memoryview:
     return np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
 
 
+# Copies at least this long look for holes first (two lseek calls on a private descriptor).
+SPARSE_COPY_BYTES = 1 << 20
+
+
+def file_holes(fd: int, start: int, stop: int) -> list[tuple[int, int]]:
+    """The holes (ranges that read as zeros and occupy no disk) of a file within ``[start, stop)``,
+    in order; none where the system cannot tell (``SEEK_HOLE`` is Linux's and a few others').
+
+    The probe seeks a descriptor of its own (``/proc/self/fd``), so the file position of
+    ``fd``, which other threads or a buffered reader may rely on, never moves.
+    """
+    if not hasattr(os, "SEEK_DATA") or stop <= start:
+        return []
+    try:
+        probe = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return []
+    found = []
+    try:
+        position = start
+        while position < stop:
+            try:
+                data = os.lseek(probe, position, os.SEEK_DATA)
+            except OSError as error:
+                if error.errno != errno.ENXIO:  # ENXIO: no data after position
+                    return []
+                data = stop
+            if data > position:
+                found.append((position, min(data, stop)))
+            if data >= stop:
+                break
+            position = os.lseek(probe, data, os.SEEK_HOLE)
+    except OSError:
+        return []
+    finally:
+        os.close(probe)
+    return found
+
+
+def _zero_runs(source_fd: int, source_offset: int, count: int, target_fd: int,
+               target_offset: int) -> list[tuple[int, int]]:
+    """Runs ``(offset, length)`` of the source range that need no copy: holes of the
+    source whose place in the target is a hole too (both read as zeros)."""
+    if count < SPARSE_COPY_BYTES:
+        return []
+    runs = []
+    source_size, target_size = os.fstat(source_fd).st_size, os.fstat(target_fd).st_size
+    for start, stop in file_holes(source_fd, source_offset, min(source_offset + count, source_size)):
+        # (past the source's end is no hole but a truncated file: the copy reports it)
+        at = target_offset + start - source_offset
+        if stop - start >= 4096 and at + stop - start <= target_size \
+                and file_holes(target_fd, at, at + stop - start) == [(at, at + stop - start)]:
+            runs.append((start, stop - start))
+    return runs
+
+
 def copy_range(source_fd: int, source_offset: int, count: int, target_fd: int, target_offset: int,
                path: object) -> None:
     """Copy ``count`` bytes between two files at explicit offsets, in the kernel where it
-    can (``copy_file_range``, what ``cp`` uses), else through a buffer. Thread-safe."""
+    can (``copy_file_range``, what ``cp`` uses), else through a buffer. Thread-safe.
+
+    Holes of the source that fall on holes of the target (a temporary file just sized
+    with ``ftruncate``) are skipped: a sparse file is copied without writing its zeros
+    (a 2 GiB copy of zeros takes 16 s, measured on the development machine, and the disk
+    space; this takes two lseek calls).
+    """
+    for start, length in _zero_runs(source_fd, source_offset, count, target_fd, target_offset):
+        _copy_data(source_fd, source_offset, start - source_offset, target_fd, target_offset, path)
+        target_offset += start + length - source_offset
+        count -= start + length - source_offset
+        source_offset = start + length
+    _copy_data(source_fd, source_offset, count, target_fd, target_offset, path)
+
+
+def _copy_data(source_fd: int, source_offset: int, count: int, target_fd: int, target_offset: int,
+               path: object) -> None:
     while count:
         try:
             done = os.copy_file_range(source_fd, target_fd, count, source_offset, target_offset)

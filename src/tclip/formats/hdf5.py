@@ -653,6 +653,19 @@ def _check_path(name: str, target: Path) -> None:
         raise UnsupportedError(f"tensor name {name!r} is not a valid HDF5 path", target)
 
 
+def _check_tree(names: list[str], target: Path) -> None:
+    """Refuse names that need one path to be a dataset and a group at once (``a`` and ``a/b``)."""
+    datasets = set(names)
+    for name in names:
+        parts = name.split("/")
+        for depth in range(1, len(parts)):
+            group = "/".join(parts[:depth])
+            if group in datasets:
+                raise UnsupportedError(f"tensors {group!r} and {name!r} cannot both be written to HDF5: "
+                                       f"{group!r} would have to be a dataset and the group holding {name!r}; "
+                                       "rename one, or write .safetensors or .npz", target)
+
+
 class Hdf5Writer(TensorWriter):
     """Writes HDF5. Created like an HDF5 reader, it starts from a byte copy of the
     source file without the data of the tensors it will rewrite, and writes
@@ -680,6 +693,8 @@ class Hdf5Writer(TensorWriter):
                                        target)
             if self._like is None:
                 _check_path(info.name, target)
+        if self._like is None:
+            _check_tree([info.name for info in tensors], target)
         self._current: tuple[str, h5py.Dataset] | None = None
         self._lock = threading.RLock()
         self._fd = -1

@@ -182,7 +182,9 @@ class NpyWriter(PositionalWriter):
                                    "write .npz or .safetensors instead", target)
         super().__init__(target, tensors, output)
         (self.info,) = tensors
-        if not self.info.numeric:
+        if self.info.dtype.hasobject or self.info.dtype.kind not in "biufcmMSUV":
+            # Records, strings and dates are raw bytes under a header NumPy writes (and are copied
+            # byte for byte); Python objects would be a pickle, never written from its values.
             raise UnsupportedError(f"tensor {self.info.name!r} of dtype {self.info.dtype} cannot be written",
                                    target)
         if isinstance(like, NpyReader) and like.tensors.get(self.info.name) == self.info:

@@ -62,6 +62,13 @@ DTYPES: dict[str, np.dtype] = {
 if hasattr(ml_dtypes, "float8_e8m0fnu"):
     DTYPES["F8_E8M0"] = np.dtype(ml_dtypes.float8_e8m0fnu)
 
+# Dtypes of the spec that tclip carries byte for byte without reading them, with their
+# bits per element, so that a header's byte count is checked as the library checks it.
+# The sub-byte types record the logical element count: an F4 tensor of shape [3, 8]
+# (what torch calls float4_e2m1fn_x2 of shape [3, 4]) holds 12 bytes (safetensors >= 0.6).
+CARRIED_BITS: dict[str, int] = {"F4": 4, "F6_E2M3": 6, "F6_E3M2": 6, "F8_E8M0": 8,
+                                "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8}
+
 
 def dtype_code(dtype: np.dtype) -> str:
     """The header's name for a NumPy dtype (byte order ignored: data is written little-endian)."""
@@ -166,11 +173,17 @@ class SafetensorsReader(TensorReader):
         if not isinstance(shape, list):
             raise FormatError(f"tensor {name!r}: invalid shape {shape!r}", path)
         if code not in DTYPES:
-            # A dtype of a newer spec (F4, F6_E2M3, ...): its bits are carried unchanged, never read.
-            checked_size(tuple(shape), 1, path, name)
+            # A dtype tclip cannot read (F4, F6_E2M3, the FNUZ float8s, a newer spec's name): its
+            # bytes are carried unchanged, never read. They are described as that many single
+            # bytes (a void type of the whole size cannot pass 2**31 - 1 bytes).
+            elements = checked_size(tuple(shape), 1, path, name)
             begin, end = self._offsets(name, offsets, data_size)
-            return np.dtype(f"V{max(end - begin, 1)}") if end > begin else np.dtype("V1"), \
-                (() if end > begin else (0,)), begin, end
+            bits = CARRIED_BITS.get(code)
+            if bits is not None and elements * bits != (end - begin) * 8:
+                needs = f"{elements * bits // 8}" if elements * bits % 8 == 0 else f"{elements * bits / 8:g} (not whole)"
+                raise FormatError(f"tensor {name!r}: shape {shape} of {code} ({bits} bits each) needs {needs} "
+                                  f"bytes, data_offsets give {end - begin}", path)
+            return np.dtype("V1"), (end - begin,), begin, end
         nbytes = checked_size(tuple(shape), DTYPES[code].itemsize, path, name)
         begin, end = self._offsets(name, offsets, data_size)
         if end - begin != nbytes:

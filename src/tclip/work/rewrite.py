@@ -75,7 +75,10 @@ def carried_loss(reader: TensorReader, target: Path) -> list[str]:
     lost += [f"{t.name} ({t.dtype} is not numeric)" for t in reader.tensors.values() if not t.numeric]
     lost += reader.lost_in_conversion()
     if reader.metadata and not holds_metadata(kind):
-        lost.append(f"the file's metadata ({len(reader.metadata)} entries)")
+        keys = [repr(str(key)) for key in list(reader.metadata)[:4]]
+        more = len(reader.metadata) - len(keys)
+        named = ", ".join(keys) + (f" and {more} more" if more else "")
+        lost.append(f"the file's metadata ({'key' if len(reader.metadata) == 1 else 'keys'} {named})")
     return lost
 
 
