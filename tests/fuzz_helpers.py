@@ -127,8 +127,13 @@ def _npy(array: np.ndarray) -> bytes:
 
 
 def _npz(arrays: dict[str, np.ndarray], compressed: bool) -> bytes:
+    """What ``np.savez`` writes, with a fixed member date (NumPy stamps the current time)."""
     buffer = io.BytesIO()
-    (np.savez_compressed if compressed else np.savez)(buffer, **arrays)
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name, array in arrays.items():
+            member = zipfile.ZipInfo(f"{name}.npy", date_time=(2024, 1, 1, 0, 0, 0))
+            member.compress_type = zipfile.ZIP_DEFLATED if compressed else zipfile.ZIP_STORED
+            archive.writestr(member, _npy(array))
     return buffer.getvalue()
 
 

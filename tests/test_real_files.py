@@ -170,12 +170,12 @@ def test_one_unreadable_dataset_does_not_refuse_the_file(tmp_path):
         assert a["extended"][()].tobytes() == b["extended"][()].tobytes()
         assert np.linalg.norm(b["w"][()]) == pytest.approx(1.0, rel=1e-6)
     st = tmp_path / "f4.safetensors"
-    header = json.dumps({"a": {"dtype": "F4", "shape": [3], "data_offsets": [0, 2]},
+    header = json.dumps({"a": {"dtype": "F4", "shape": [4], "data_offsets": [0, 2]},
                          "w": {"dtype": "F32", "shape": [2], "data_offsets": [2, 10]}}).encode()
     header += b" " * (-len(header) % 8)
     st.write_bytes(len(header).to_bytes(8, "little") + header + b"\x12\x34" + np.array([3, 4], np.float32).tobytes())
     result = run("norm", "--clip", "1", st)
-    assert result.exit_code == 0 and "F4 [3] (not supported)" in result.stdout
+    assert result.exit_code == 0 and "F4 [4] (not supported)" in result.stdout
     out = (tmp_path / "f4.clipped.safetensors").read_bytes()
     assert out[8 + len(header):10 + len(header)] == b"\x12\x34"
 

@@ -192,6 +192,12 @@ class TensorReader(ABC):
         file metadata (which every reader reports the same way)."""
         return []
 
+    def lossy_filters(self) -> dict[str, str]:
+        """Tensors stored through a lossy filter (HDF5's scale-offset on floats, ZFP, SZ...),
+        with the filter: rewritten in this format they hold other values than those written
+        to them, so their statistics after a rewrite are measured from the output."""
+        return {}
+
     def other_values(self, name: str, limit: int) -> np.ndarray | None:
         """The values of a non-tensor object (an HDF5 string dataset, ...) for comparing,
         when the format can give them as data (never code) in at most ``limit`` bytes."""

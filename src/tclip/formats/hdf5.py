@@ -38,10 +38,11 @@ from ..core.dtypes import ML_FLOAT_TYPES
 from ..core.units import Index, flat_rectangles
 from ..errors import FormatError, UnsupportedError
 from ._blocks import contiguous_span, normalize_index
-from ._h5probe import check_in_child
+from ._h5probe import Child, decode_values, walk_seconds
+from ._h5probe import isolated as isolated_by_default
 from ._io import copy_except, copy_range, flat_result, pread_into, pwrite_all
 from .atomic import AtomicOutput
-from .base import OtherObject, TensorInfo, TensorReader, TensorWriter
+from .base import OtherObject, TensorInfo, TensorReader, TensorWriter, read_region
 
 if TYPE_CHECKING:
     import h5py
@@ -244,17 +245,21 @@ def _standard_type(dataset: h5py.Dataset) -> bool:
 
 
 class Hdf5Reader(TensorReader):
+    """An HDF5 file's tensors.
+
+    By default (``isolated``) the HDF5 library works on the file in a child process
+    (:mod:`tclip.formats._h5probe`): this object holds the child's description of the
+    file, reads raw byte regions itself and asks the child for what HDF5 must decode.
+    With ``isolated=False`` (``TCLIP_HDF5_PROBE=0``, and inside that child) h5py works
+    here, and every exception it raises becomes a :class:`FormatError`.
+    """
+
     format_name = "hdf5"
 
-    def __init__(self, path: Path, probe: bool = True) -> None:
-        h5py = import_h5py()
+    def __init__(self, path: Path, isolated: bool | None = None) -> None:
         super().__init__(path)
-        if probe:
-            check_in_child(self.path)
-        try:
-            self.file = h5py.File(path, "r")
-        except _H5_ERRORS as error:
-            raise FormatError(f"not a valid HDF5 file ({_first_line(error)})", path) from None
+        self.file: h5py.File | None = None
+        self._child: Child | None = None
         self._lock = threading.RLock()
         self._raw_fd = -1
         self._regions: dict[str, int] = {}
@@ -262,8 +267,21 @@ class Hdf5Reader(TensorReader):
         self._sparse: dict[str, dict[int, list[tuple[int, ...]]] | None] = {}
         self.contiguous_raw: dict[str, tuple[int, int]] = {}  # name -> (offset, nbytes) of raw data
         self.raw_chunks: dict[str, RawChunks] = {}  # unfiltered chunked datasets
+        self.chunk_shapes: dict[str, tuple[int, ...]] = {}  # every chunked tensor's chunk shape
         self.group_attributes: dict[str, dict[str, Any]] = {}  # groups (not the root) that have attributes
         self._spans: list[tuple[int, int, str]] = []  # (start, end, what) of every region of the file named
+        self._chunk_table: dict[str, list[tuple[tuple[int, ...], int, int]]] = {}  # (corner, offset, size)
+        self.lossy: dict[str, str] = {}  # tensor -> the lossy filter its chunks pass
+        if isolated is None:
+            isolated = isolated_by_default()
+        if isolated:
+            self._open_in_child()
+            return
+        h5py = import_h5py()
+        try:
+            self.file = h5py.File(path, "r")
+        except _H5_ERRORS as error:
+            raise FormatError(f"not a valid HDF5 file ({_first_line(error)})", path) from None
         try:
             self.metadata = attributes(self.file)
             self._note_header(self.file, "the root group")
@@ -278,6 +296,8 @@ class Hdf5Reader(TensorReader):
         except _H5_ERRORS as error:
             self.close()
             raise FormatError(f"cannot read the file's structure ({_first_line(error)})", path) from None
+
+    # ------------------------------------------------------------------ the walk (h5py in this process)
 
     def _walk(self, group: h5py.Group, seen: set[Any]) -> None:
         """Datasets in the file's own order (creation order where it is tracked),
@@ -302,7 +322,7 @@ class Hdf5Reader(TensorReader):
         h5py = import_h5py()
         name = dataset.name.lstrip("/")
         other = classify(dataset)
-        self._note_data(dataset, f"{'dataset' if other is not None else 'tensor'} {name!r}")
+        chunks = self._note_data(dataset, f"{'dataset' if other is not None else 'tensor'} {name!r}")
         if other is not None:
             kind, reason, numeric = other
             try:
@@ -316,6 +336,9 @@ class Hdf5Reader(TensorReader):
         self.tensors[name] = info
         if info.refused:
             return
+        lossy = lossy_filter(dataset)
+        if lossy is not None:
+            self.lossy[name] = lossy
         layout = dataset.id.get_create_plist().get_layout()
         if layout == h5py.h5d.CONTIGUOUS and _standard_type(dataset):
             offset = dataset.id.get_offset()
@@ -323,6 +346,7 @@ class Hdf5Reader(TensorReader):
                 self._regions[name] = offset
                 self.contiguous_raw[name] = (offset, info.nbytes)
         elif dataset.chunks is not None and len(info.shape) >= 1:
+            self.chunk_shapes[name] = tuple(dataset.chunks)
             self._align[name] = dataset.chunks[0] * math.prod(info.shape[1:])
             logical = math.prod(-(-n // c) for n, c in zip(info.shape, dataset.chunks))
             allocated = dataset.id.get_num_chunks()
@@ -336,6 +360,8 @@ class Hdf5Reader(TensorReader):
                 # Every chunk stored as it is (no filter): each chunk is a raw region of the
                 # file, read and written with pread/pwrite from any thread, no h5py in between.
                 self.raw_chunks[name] = RawChunks(tuple(dataset.chunks), tuple(info.shape), info.dtype.itemsize)
+                if chunks is not None:
+                    self._chunk_table[name] = chunks
 
     def _note_header(self, obj: h5py.HLObject, label: str) -> None:
         h5py = import_h5py()
@@ -347,27 +373,37 @@ class Hdf5Reader(TensorReader):
         # header with its one message and checksum is longer): no data may lie there.
         self._spans.append((address, address + 16, f"the object header of {label}"))
 
-    def _note_data(self, dataset: h5py.Dataset, label: str) -> None:
-        """The regions of the file that hold a dataset's data: its contiguous block, or each stored chunk."""
+    def _note_data(self, dataset: h5py.Dataset, label: str) -> list[tuple[tuple[int, ...], int, int]] | None:
+        """Note the regions of the file that hold a dataset's data: its contiguous block,
+        or each stored chunk; the chunks (corner, offset, size) of a chunked one."""
         h5py = import_h5py()
         try:
             if dataset.is_virtual or dataset.external:
-                return  # in other files, never read nor written
+                return None  # in other files, never read nor written
             layout = dataset.id.get_create_plist().get_layout()
             if layout == h5py.h5d.CONTIGUOUS:
                 offset, size = dataset.id.get_offset(), dataset.id.get_storage_size()
                 if offset is not None and size:
                     self._spans.append((offset, offset + size, label))
             elif layout == h5py.h5d.CHUNKED and hasattr(dataset.id, "chunk_iter"):
-                dataset.id.chunk_iter(lambda chunk: self._spans.append(
-                    (chunk.byte_offset, chunk.byte_offset + chunk.size, label)) if chunk.size else None)
+                chunks: list[tuple[tuple[int, ...], int, int]] = []
+
+                def note(chunk: Any) -> None:
+                    chunks.append((tuple(chunk.chunk_offset), chunk.byte_offset, chunk.size))
+                    if chunk.size:
+                        self._spans.append((chunk.byte_offset, chunk.byte_offset + chunk.size, label))
+
+                dataset.id.chunk_iter(note)
+                return chunks
         except _H5_ERRORS:
-            return  # reading it reports the problem
+            pass  # reading it reports the problem
+        return None
 
     def _check_overlaps(self) -> None:
         """Refuse a file whose datasets share bytes with each other or with the file's own
         metadata: rewriting one would change the other (even one left out with --exclude),
         and a report would count the same bytes twice."""
+        assert self.file is not None
         base = self.file.userblock_size
         head = os.pread(self._raw_file(), 16, base)
         if len(head) == 16 and head[:8] == b"\x89HDF\r\n\x1a\n":
@@ -388,6 +424,104 @@ class Hdf5Reader(TensorReader):
             if reach is None or span[1] > reach[1]:
                 reach = span
 
+    def _bomb(self, dataset: h5py.Dataset) -> str | None:
+        logical = math.prod(dataset.shape) * dataset.dtype.itemsize
+        stored = dataset.id.get_storage_size()
+        if logical > BOMB_FLOOR_BYTES + BOMB_RATIO * stored:
+            return (f"claims {logical:,} bytes of data but the file stores {stored:,} for it "
+                    f"(more than {BOMB_RATIO} times as much plus 4 GiB): refused as a decompression bomb")
+        return None
+
+    # ------------------------------------------------------------------ the walk done by a child
+
+    def needs_library(self) -> bool:
+        """Whether reading the tensors needs HDF5 itself (compressed chunks, chunks never
+        written, odd types), not only raw byte regions."""
+        return any(not info.refused and info.nbytes and name not in self.contiguous_raw
+                   and not (name in self.raw_chunks and name in self._chunk_table)
+                   for name, info in self.tensors.items())
+
+    def describe(self) -> tuple[dict[str, Any], bytes]:
+        """What a child that walked the file sends back: plain data (JSON) and the chunk table
+        of the raw-chunked tensors (int64 rows: corner..., offset, size)."""
+        tables: list[int] = []
+        for name in self.raw_chunks:
+            for corner, offset, size in self._chunk_table.get(name, ()):
+                tables += (*corner, offset, size)
+        description = {
+            "tensors": [[t.name, list(t.shape), t.dtype.str, dict(t.attrs), t.refused] for t in self.tensors.values()],
+            "others": [[o.name, o.kind, o.reason, None if o.shape is None else list(o.shape), o.dtype, o.numeric]
+                       for o in self.others],
+            "metadata": self.metadata,
+            "groups": self.group_attributes,
+            "contiguous": {name: list(span) for name, span in self.contiguous_raw.items()},
+            "align": self._align,
+            "chunks": {name: list(shape) for name, shape in self.chunk_shapes.items()},
+            "raw_chunks": [[name, len(self._chunk_table[name])] for name in self.raw_chunks
+                           if name in self._chunk_table],
+            "sparse": list(self._sparse),
+            "lossy": self.lossy,
+        }
+        return description, np.asarray(tables, np.int64).tobytes()
+
+    def _open_in_child(self) -> None:
+        child = Child(self.path, "read", self.path, walk_seconds(self.path))
+        header, payload = child.first
+        try:
+            self._load(header["description"], payload)
+        except (KeyError, TypeError, ValueError) as error:
+            child.kill()
+            raise FormatError(f"the process that reads the file sent a description tclip cannot use ({error})",
+                              self.path) from None
+        if header.get("serving"):
+            self._child = child
+        else:
+            child.close()
+
+    def _load(self, description: dict[str, Any], table: bytes) -> None:
+        for name, shape, dtype, attrs, refused in description["tensors"]:
+            self.tensors[name] = TensorInfo(name, tuple(shape), np.dtype(dtype), attrs=attrs, refused=refused)
+        self.others = [OtherObject(name, kind, reason, None if shape is None else tuple(shape), dtype, numeric)
+                       for name, kind, reason, shape, dtype, numeric in description["others"]]
+        self.metadata = description["metadata"]
+        self.group_attributes = description["groups"]
+        self.contiguous_raw = {name: (int(offset), int(nbytes)) for name, (offset, nbytes)
+                               in description["contiguous"].items()}
+        self._regions = {name: offset for name, (offset, _) in self.contiguous_raw.items()}
+        self._align = {name: int(n) for name, n in description["align"].items()}
+        self.chunk_shapes = {name: tuple(shape) for name, shape in description["chunks"].items()}
+        self._sparse = {name: None for name in description["sparse"]}
+        self.lossy = {str(name): str(text) for name, text in description["lossy"].items()}
+        rows = np.frombuffer(table, np.int64)
+        position = 0
+        for name, count in description["raw_chunks"]:
+            info = self.tensors[name]
+            width = len(info.shape) + 2
+            block = rows[position:position + count * width].reshape(count, width)
+            position += count * width
+            self.raw_chunks[name] = RawChunks(self.chunk_shapes[name], tuple(info.shape), info.dtype.itemsize)
+            self._chunk_table[name] = [(tuple(int(c) for c in row[:-2]), int(row[-2]), int(row[-1])) for row in block]
+        if position != rows.size:
+            raise ValueError("chunk table of the wrong size")
+
+    def _ask(self, header: dict[str, Any], what: str, nbytes: int = 0) -> tuple[dict[str, Any], bytes]:
+        """One request to the child, started again if it had ended after its walk."""
+        with self._lock:
+            if self._child is None:
+                self._child = Child(self.path, "read", self.path, walk_seconds(self.path))
+            child = self._child
+        return child.request(header, what=what, nbytes=nbytes)
+
+    def _array_from_child(self, header: dict[str, Any], what: str, nbytes: int) -> np.ndarray:
+        reply, payload = self._ask(header, what, nbytes)
+        dtype = np.dtype(reply["dtype"])
+        shape = tuple(reply["shape"])
+        if dtype.hasobject or len(payload) != math.prod(shape) * dtype.itemsize:
+            raise FormatError(f"the process that reads the file sent {len(payload)} bytes {what}", self.path)
+        return np.frombuffer(payload, dtype).reshape(shape)
+
+    # ------------------------------------------------------------------ the reader protocol
+
     def _raw_file(self) -> int:
         with self._lock:
             if self._raw_fd < 0:
@@ -402,8 +536,21 @@ class Hdf5Reader(TensorReader):
         return [f"the attributes of {len(with_attrs)} dataset(s) or group(s) ({', '.join(with_attrs[:3])}"
                 f"{' ...' if len(with_attrs) > 3 else ''})"]
 
+    def lossy_filters(self) -> dict[str, str]:
+        return dict(self.lossy)
+
     def other_values(self, name: str, limit: int) -> np.ndarray | None:
         """A string, compound, enum or scale dataset's values (h5py decodes them as data)."""
+        if self.file is None:
+            try:
+                reply, payload = self._ask({"op": "values", "name": name, "limit": limit},
+                                           f"reading dataset {name!r}", limit)
+            except FormatError:
+                return None
+            try:
+                return decode_values(reply, payload)
+            except (KeyError, TypeError, ValueError):
+                return None
         h5py = import_h5py()
         with self._lock:
             try:
@@ -416,18 +563,14 @@ class Hdf5Reader(TensorReader):
             except _H5_ERRORS:
                 return None
 
-    def _bomb(self, dataset: h5py.Dataset) -> str | None:
-        logical = math.prod(dataset.shape) * dataset.dtype.itemsize
-        stored = dataset.id.get_storage_size()
-        if logical > BOMB_FLOOR_BYTES + BOMB_RATIO * stored:
-            return (f"claims {logical:,} bytes of data but the file stores {stored:,} for it "
-                    f"(more than {BOMB_RATIO} times as much plus 4 GiB): refused as a decompression bomb")
-        return None
-
     def close(self) -> None:
         if getattr(self, "_raw_fd", -1) >= 0:
             os.close(self._raw_fd)
             self._raw_fd = -1
+        child = getattr(self, "_child", None)
+        if child is not None:
+            self._child = None
+            child.close()
         file = getattr(self, "file", None)
         if file is None:
             return
@@ -441,10 +584,7 @@ class Hdf5Reader(TensorReader):
         offset = self._regions.get(name)
         if offset is None:
             return None
-        with self._lock:
-            if self._raw_fd < 0:
-                self._raw_fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        return self._raw_fd, offset
+        return self._raw_file(), offset
 
     def align(self, name: str) -> int:
         return self._align.get(name, 0)
@@ -457,59 +597,92 @@ class Hdf5Reader(TensorReader):
         chunks = self.raw_chunks[name]
         with self._lock:
             if chunks.offsets is None:
-                dataset = self.file[name]
+                table = self._chunk_table.get(name)
+                if table is None:
+                    table = self._local_chunk_table(name)
                 offsets = {}
-                for i in range(dataset.id.get_num_chunks()):
-                    info = dataset.id.get_chunk_info(i)
-                    if info.size != chunks.nbytes:
-                        raise FormatError(f"tensor {name!r}: chunk {i} holds {info.size} bytes, not "
-                                          f"{chunks.nbytes}", self.path)
-                    offsets[tuple(info.chunk_offset)] = info.byte_offset
+                for i, (corner, offset, size) in enumerate(table):
+                    if size != chunks.nbytes:
+                        raise FormatError(f"tensor {name!r}: chunk {i} holds {size} bytes, not {chunks.nbytes}",
+                                          self.path)
+                    offsets[corner] = offset
+                expected = math.prod(-(-n // c) for n, c in zip(chunks.shape, chunks.chunks))
+                if len(offsets) != expected or any(any(c % n for c, n in zip(corner, chunks.chunks))
+                                                   or any(c >= s for c, s in zip(corner, chunks.shape))
+                                                   for corner in offsets):
+                    raise FormatError(f"tensor {name!r}: its chunk index does not cover the dataset", self.path)
                 chunks.offsets = offsets
-            if self._raw_fd < 0:
-                self._raw_fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        self._raw_file()
         return chunks
 
+    def _local_chunk_table(self, name: str) -> list[tuple[tuple[int, ...], int, int]]:
+        assert self.file is not None
+        try:
+            dataset = self.file[name]
+            return [(tuple(info.chunk_offset), info.byte_offset, info.size)
+                    for info in map(dataset.id.get_chunk_info, range(dataset.id.get_num_chunks()))]
+        except _H5_ERRORS as error:
+            raise FormatError(f"tensor {name!r}: its chunk index cannot be read ({_first_line(error)})",
+                              self.path) from None
+
     def read_flat(self, name: str, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
+        info = self.tensors[name]
+        if info.refused:
+            raise UnsupportedError(f"tensor {name!r}: {info.refused}", self.path)
         if name in self.raw_chunks:
-            result = flat_result(self.tensors[name].dtype, stop - start, out)
+            result = flat_result(info.dtype, stop - start, out)
             chunks = self.chunk_offsets(name)
             chunks.transfer(self._raw_fd, result, start, stop, self.path, write=False)
             return result
+        if self.file is None and name not in self._regions:
+            if stop <= start:
+                return flat_result(info.dtype, 0, out)
+            data = self._array_from_child({"op": "flat", "name": name, "start": start, "stop": stop},
+                                          f"reading tensor {name!r}", (stop - start) * info.dtype.itemsize)
+            if data.shape != (stop - start,) or data.dtype != info.dtype:
+                raise FormatError(f"the process that reads the file sent {data.dtype}{list(data.shape)} "
+                                  f"for elements {start}..{stop} of tensor {name!r}", self.path)
+            result = flat_result(info.dtype, stop - start, out)
+            result[...] = data
+            return result
         if name not in self._sparse:
             return super().read_flat(name, start, stop, out)
-        info = self.tensors[name]
+        assert self.file is not None
         with self._lock:
-            dataset = self.file[name]
-            by_row = self._sparse[name]
-            if by_row is None:
-                by_row = self._sparse[name] = self._allocated_chunks(dataset)
-            result = flat_result(info.dtype, stop - start, out)
-            fill = dataset.fillvalue
-            result[...] = fill if fill is not None else 0
-            chunks = dataset.chunks
-            position = 0
-            for rect in flat_rectangles(info.shape, start, stop):
-                extent = tuple(s.stop - s.start for s in rect)
-                size = math.prod(extent)
-                view = result[position:position + size].reshape(extent)
-                position += size
-                first_row, last_row = rect[0].start // chunks[0], (rect[0].stop - 1) // chunks[0]
-                for row in range(first_row, last_row + 1):
-                    for corner in by_row.get(row, ()):
-                        overlap = []
-                        for s, c, n in zip(rect, corner, chunks):
-                            lo, hi = max(s.start, c), min(s.stop, c + n)
-                            if lo >= hi:
-                                break
-                            overlap.append((lo, hi))
-                        else:
-                            try:
-                                data = dataset[tuple(slice(lo, hi) for lo, hi in overlap)]
-                            except _H5_ERRORS as error:
-                                raise FormatError(f"tensor {name!r} cannot be read ({_filter_message(error)})",
-                                                  self.path) from None
-                            view[tuple(slice(lo - s.start, hi - s.start) for (lo, hi), s in zip(overlap, rect))] = data
+            try:
+                return self._read_sparse(name, start, stop, out)
+            except _H5_ERRORS as error:
+                raise FormatError(f"tensor {name!r} cannot be read ({_filter_message(error)})", self.path) from None
+
+    def _read_sparse(self, name: str, start: int, stop: int, out: np.ndarray | None) -> np.ndarray:
+        assert self.file is not None
+        info = self.tensors[name]
+        dataset = self.file[name]
+        by_row = self._sparse[name]
+        if by_row is None:
+            by_row = self._sparse[name] = self._allocated_chunks(dataset)
+        result = flat_result(info.dtype, stop - start, out)
+        fill = dataset.fillvalue
+        result[...] = fill if fill is not None else 0
+        chunks = dataset.chunks
+        position = 0
+        for rect in flat_rectangles(info.shape, start, stop):
+            extent = tuple(s.stop - s.start for s in rect)
+            size = math.prod(extent)
+            view = result[position:position + size].reshape(extent)
+            position += size
+            first_row, last_row = rect[0].start // chunks[0], (rect[0].stop - 1) // chunks[0]
+            for row in range(first_row, last_row + 1):
+                for corner in by_row.get(row, ()):
+                    overlap = []
+                    for s, c, n in zip(rect, corner, chunks):
+                        lo, hi = max(s.start, c), min(s.stop, c + n)
+                        if lo >= hi:
+                            break
+                        overlap.append((lo, hi))
+                    else:
+                        data = dataset[tuple(slice(lo, hi) for lo, hi in overlap)]
+                        view[tuple(slice(lo - s.start, hi - s.start) for (lo, hi), s in zip(overlap, rect))] = data
         return result
 
     @staticmethod
@@ -521,21 +694,30 @@ class Hdf5Reader(TensorReader):
         return by_row
 
     def blocks(self, name: str, max_bytes: int = 8 << 20) -> Any:
-        dataset = self.file[name]
-        if dataset.chunks is None or dataset.size == 0:
-            return self.tensors[name].blocks(max_bytes)
-        return self._chunk_blocks(dataset)
-
-    @staticmethod
-    def _chunk_blocks(dataset: h5py.Dataset) -> Any:
-        # Whole chunks, in the file's chunk order, so each is decompressed once.
-        for chunk in dataset.iter_chunks():
-            yield tuple(slice(s.start, s.stop) for s in chunk)
+        info = self.tensors[name]
+        chunks = self.chunk_shapes.get(name)
+        if chunks is None or info.size == 0:
+            return info.blocks(max_bytes)
+        return chunk_blocks(info.shape, chunks)
 
     def read(self, name: str, index: Index | None = None, scratch: bytearray | None = None) -> np.ndarray:
         info = self.tensors[name]
         if info.refused:
             raise UnsupportedError(f"tensor {name!r}: {info.refused}", self.path)
+        if self.file is None:
+            full = normalize_index(index, info.shape) if info.shape else ()
+            if not info.size:
+                return np.empty(tuple(s.stop - s.start for s in full), info.dtype)
+            if name in self._regions:
+                return read_region(self, name, index)
+            nbytes = math.prod(s.stop - s.start for s in full) * info.dtype.itemsize
+            data = self._array_from_child({"op": "read", "name": name,
+                                           "index": [[s.start, s.stop] for s in full]},
+                                          f"reading tensor {name!r}", nbytes)
+            if data.shape != tuple(s.stop - s.start for s in full) or data.dtype != info.dtype:
+                raise FormatError(f"the process that reads the file sent {data.dtype}{list(data.shape)} "
+                                  f"for a block of tensor {name!r}", self.path)
+            return data
         with self._lock:
             try:
                 dataset = self.file[name]
@@ -544,6 +726,12 @@ class Hdf5Reader(TensorReader):
                 raise FormatError(f"tensor {name!r} cannot be read ({_filter_message(error)})",
                                   self.path) from None
         return np.asarray(data)
+
+
+def chunk_blocks(shape: tuple[int, ...], chunks: tuple[int, ...]) -> Any:
+    """Whole chunks in C order of the chunk grid (as h5py's ``iter_chunks``), so each is decompressed once."""
+    for corner in itertools.product(*(range(0, n, c) for n, c in zip(shape, chunks))):
+        yield tuple(slice(c, min(c + k, n)) for c, k, n in zip(corner, chunks, shape))
 
 
 class RawChunks:
@@ -647,6 +835,29 @@ def _unreadable_filters(dataset: h5py.Dataset) -> str | None:
             "pip install 'tclip[hdf5-filters]' (the hdf5plugin package)")
 
 
+# Registered HDF5 filters that do not give back the bytes they were given.
+_LOSSY_PLUGINS = {32013: "ZFP", 32017: "SZ", 32024: "SZ3", 32019: "JPEG", 32028: "SPERR"}
+
+
+def lossy_filter(dataset: h5py.Dataset) -> str | None:
+    """The lossy filter a float dataset's chunks pass (None: they come back as written).
+
+    HDF5's scale-offset filter keeps a float to the decimal digits its scale factor
+    says (``scaleoffset=3``: three), so a value written is not the value read back;
+    on integers (with the minimum bits computed) it is lossless.
+    """
+    h5py = import_h5py()
+    plist = dataset.id.get_create_plist()
+    for i in range(plist.get_nfilters()):
+        code, _, values, _ = plist.get_filter(i)
+        if code == h5py.h5z.FILTER_SCALEOFFSET and dataset.dtype.kind in "fc":
+            digits = f", {values[1]} decimal digits" if len(values) > 1 else ""
+            return f"HDF5's scale-offset filter{digits}"
+        if code in _LOSSY_PLUGINS:
+            return f"the {_LOSSY_PLUGINS[code]} filter"
+    return None
+
+
 def _check_path(name: str, target: Path) -> None:
     parts = name.split("/")
     if not name or any(p in ("", ".", "..") for p in parts):
@@ -666,6 +877,102 @@ def _check_tree(names: list[str], target: Path) -> None:
                                        "rename one, or write .safetensors or .npz", target)
 
 
+class DatasetWrites:
+    """Blocks written into an HDF5 file's datasets through h5py, one dataset open at a time
+    (HDF5 holds several MiB per open dataset being written, which would grow with the
+    tensor count). Every exception of h5py becomes a :class:`FormatError` naming ``label``.
+
+    ``create``: a new file whose datasets are created from these tensors where missing
+    (a conversion), with ``metadata`` as root attributes. None: tclip's copy of a file,
+    opened for writing; every dataset written must exist, and one whose data lives in
+    other files is refused.
+    """
+
+    def __init__(self, path: Path, label: Path | None = None, create: dict[str, TensorInfo] | None = None,
+                 metadata: dict[str, Any] | None = None) -> None:
+        h5py = import_h5py()
+        self.label = label or path
+        self._create = create
+        self._current: tuple[str, h5py.Dataset] | None = None
+        try:
+            self.file: h5py.File | None = h5py.File(path, "w" if create is not None else "r+")
+        except _H5_ERRORS as error:
+            raise FormatError(f"cannot open the copy for writing ({_first_line(error)})", self.label) from None
+        try:
+            for key, value in (metadata or {}).items():
+                self.file.attrs[key] = value
+        except _H5_ERRORS as error:
+            self.abandon()
+            raise UnsupportedError(f"cannot write HDF5 ({_first_line(error)})", self.label) from None
+
+    def _dataset(self, name: str) -> h5py.Dataset:
+        if self._current is not None and self._current[0] == name:
+            return self._current[1]
+        assert self.file is not None
+        self._current = None
+        if name in self.file:
+            dataset = self.file[name]
+            # Never write through to another file (external storage, virtual sources).
+            reason = foreign_storage(dataset)
+            if reason is not None:
+                raise UnsupportedError(f"tensor {name!r}: {reason}", self.label)
+            # Asking loads the filter plugins the dataset names: HDF5 skips an optional filter
+            # it has not loaded when it writes, and the chunks would be stored without it.
+            missing = missing_filters(dataset)
+            if missing:
+                raise UnsupportedError(f"tensor {name!r}: compressed with {', '.join(missing)}, which this "
+                                       "installation of HDF5 cannot write", self.label)
+        elif self._create is not None:
+            info = self._create[name]
+            parent_name, base = posixpath.split(name)
+            parent = self.file.require_group(parent_name) if parent_name else self.file
+            dataset = parent.create_dataset(base, shape=info.shape, dtype=info.dtype)
+        else:
+            raise FormatError(f"tensor {name!r} is missing from the copy of the file", self.label)
+        self._current = (name, dataset)
+        return dataset
+
+    def write(self, name: str, index: Index, data: np.ndarray) -> None:
+        try:
+            dataset = self._dataset(name)
+            if dataset.shape == ():
+                dataset[()] = data
+            else:
+                dataset[index] = data
+        except (FormatError, UnsupportedError):
+            raise
+        except _H5_ERRORS as error:
+            raise FormatError(f"tensor {name!r} cannot be written ({_filter_message(error)})", self.label) from None
+
+    def close(self) -> None:
+        """Create what was never written (empty tensors of a conversion), flush and close."""
+        try:
+            if self._create is not None:
+                for name in self._create:  # empty tensors never receive a block
+                    assert self.file is not None
+                    if name not in self.file:
+                        self._dataset(name)
+            self._current = None
+            if self.file is not None:
+                self.file.flush()
+                self.file.close()
+                self.file = None
+        except (FormatError, UnsupportedError):
+            raise
+        except _H5_ERRORS as error:
+            raise FormatError(f"cannot finish writing HDF5 ({_first_line(error)})", self.label) from None
+
+    def abandon(self) -> None:
+        """Close without caring how (the file is being thrown away)."""
+        self._current = None
+        try:
+            if self.file is not None:
+                self.file.close()
+        except Exception:  # noqa: BLE001 - whatever h5py raises, the file is being thrown away
+            pass
+        self.file = None
+
+
 class Hdf5Writer(TensorWriter):
     """Writes HDF5. Created like an HDF5 reader, it starts from a byte copy of the
     source file without the data of the tensors it will rewrite, and writes
@@ -674,6 +981,9 @@ class Hdf5Writer(TensorWriter):
     compressed chunks that no longer fit their old space are stored anew; the
     file can grow a little.) From another format, datasets are created at the
     tensors' paths.
+
+    HDF5 writes into the copy of an untrusted file (whose metadata came from that file)
+    are done by a child process, as its reads are (:mod:`tclip.formats._h5probe`).
     """
 
     format_name = "hdf5"
@@ -681,7 +991,6 @@ class Hdf5Writer(TensorWriter):
     def __init__(self, target: Path, tensors: list[TensorInfo], output: AtomicOutput, *,
                  like: TensorReader | None, metadata: dict[str, Any] | None,
                  rewritten: Collection[str] | None) -> None:
-        h5py = import_h5py()
         super().__init__(target, tensors, output)
         self._like = like if isinstance(like, Hdf5Reader) else None
         for info in tensors:
@@ -695,10 +1004,10 @@ class Hdf5Writer(TensorWriter):
                 _check_path(info.name, target)
         if self._like is None:
             _check_tree([info.name for info in tensors], target)
-        self._current: tuple[str, h5py.Dataset] | None = None
         self._lock = threading.RLock()
         self._fd = -1
-        self.file: h5py.File | None = None
+        self._writes: DatasetWrites | None = None
+        self._child: Child | None = None
         self._raw: dict[str, int] = {}
         self._chunked: dict[str, RawChunks] = {}
         self.rewritten = set(self.tensors) if rewritten is None else set(rewritten)
@@ -707,9 +1016,7 @@ class Hdf5Writer(TensorWriter):
                 self._start_from_copy(self._like)
             else:
                 output.check()  # h5py opens it by name
-                self.file = h5py.File(output.temp, "w")
-                for key, value in (metadata or {}).items():
-                    self.file.attrs[key] = value
+                self._writes = DatasetWrites(output.temp, target, create=dict(self.tensors), metadata=metadata)
         except OSError as error:
             self._close_quietly()
             raise UnsupportedError(f"cannot write HDF5 ({_first_line(error)})", target) from None
@@ -718,14 +1025,13 @@ class Hdf5Writer(TensorWriter):
             raise
 
     def _start_from_copy(self, like: Hdf5Reader) -> None:
-        h5py = import_h5py()
         for name in self.rewritten:
-            dataset = like.file[name]
-            if dataset.chunks is not None:
-                count = math.prod(-(-n // c) for n, c in zip(dataset.shape, dataset.chunks))
+            info, chunks = like.tensors[name], like.chunk_shapes.get(name)
+            if chunks is not None:
+                count = math.prod(-(-n // c) for n, c in zip(info.shape, chunks))
                 if count > MAX_REWRITTEN_CHUNKS:
                     raise UnsupportedError(f"tensor {name!r} is split into {count:,} chunks of "
-                                           f"{math.prod(dataset.chunks) * dataset.dtype.itemsize} bytes; rewriting so "
+                                           f"{math.prod(chunks) * info.dtype.itemsize} bytes; rewriting so "
                                            "many chunks is refused (rechunk it first, e.g. with h5repack -l)",
                                            like.path)
         holes = {name: like.contiguous_raw[name] for name in self.rewritten if name in like.contiguous_raw}
@@ -743,30 +1049,13 @@ class Hdf5Writer(TensorWriter):
         self._raw = {name: offset for name, (offset, _) in holes.items()}
         if any(name not in self._raw and name not in self._chunked for name in self.rewritten):
             self.output.check()  # h5py opens it by name
-            self.file = h5py.File(self.output.temp, "r+")
+            if like.file is None:  # an untrusted file: HDF5 writes its copy in a child
+                self._child = Child(like.path, "write", self.output.temp, walk_seconds(self.output.temp))
+            else:
+                self._writes = DatasetWrites(self.output.temp, like.path)
 
     def parallel_safe(self, name: str) -> bool:
         return name in self._raw or name in self._chunked
-
-    def _dataset(self, name: str) -> h5py.Dataset:
-        # Only the dataset being written is kept open: HDF5 holds several MiB
-        # per open dataset being written, which would grow with the tensor count.
-        if self._current is not None and self._current[0] == name:
-            return self._current[1]
-        assert self.file is not None
-        if name in self.file:
-            dataset = self.file[name]
-            # Never write through to another file (external storage, virtual sources).
-            reason = foreign_storage(dataset)
-            if reason is not None:
-                raise UnsupportedError(f"tensor {name!r}: {reason}", self.target)
-        else:
-            info = self.tensors[name]
-            parent_name, base = posixpath.split(name)
-            parent = self.file.require_group(parent_name) if parent_name else self.file
-            dataset = parent.create_dataset(base, shape=info.shape, dtype=info.dtype)
-        self._current = (name, dataset)
-        return dataset
 
     def blocks(self, name: str, max_bytes: int = 8 << 20) -> Any:
         if self._like is not None and name in self._like.tensors:
@@ -808,15 +1097,17 @@ class Hdf5Writer(TensorWriter):
                 return
             raise FormatError(f"internal error: block {index} of {name!r} is not contiguous", self.target)
         with self._lock:
-            dataset = self._dataset(name)
-            try:
-                if dataset.shape == ():
-                    dataset[()] = data
-                else:
-                    dataset[index] = data
-            except _H5_ERRORS as error:
-                raise FormatError(f"tensor {name!r} cannot be written ({_filter_message(error)})",
-                                  self.target) from None
+            if self._child is not None:
+                info = self.tensors[name]
+                full = normalize_index(index, info.shape) if info.shape else ()
+                array = np.ascontiguousarray(np.asarray(data, dtype=info.dtype).reshape(
+                    tuple(s.stop - s.start for s in full)))
+                self._child.request({"op": "write", "name": name, "index": [[s.start, s.stop] for s in full],
+                                     "dtype": array.dtype.str, "shape": list(array.shape)},
+                                    array.reshape(-1).view(np.uint8), what=f"writing tensor {name!r}")
+                return
+            assert self._writes is not None
+            self._writes.write(name, index, data)
 
     def copy_tensor(self, reader: TensorReader, name: str, max_bytes: int = 8 << 20) -> None:
         if reader is self._like:
@@ -829,28 +1120,25 @@ class Hdf5Writer(TensorWriter):
         super().copy_tensor(reader, name, max_bytes)
 
     def _finish(self) -> None:
-        if self.file is not None:
-            with self._lock:
-                if self._like is None:
-                    for name in self.tensors:  # empty tensors never receive a block
-                        if name not in self.file:
-                            self._dataset(name)
-                self._current = None
-                self.file.flush()
-                self.file.close()
-                self.file = None
+        with self._lock:
+            if self._child is not None:
+                self._child.request({"op": "finish", "name": ""}, what="writing the output")
+                child, self._child = self._child, None
+                child.close()
+            if self._writes is not None:
+                writes, self._writes = self._writes, None
+                writes.close()
         if self._fd >= 0:
             fd, self._fd = self._fd, -1
             os.close(fd)
 
     def _close_quietly(self) -> None:
-        self._current = None
-        try:
-            if self.file is not None:
-                self.file.close()
-        except Exception:  # the file is being thrown away
-            pass
-        self.file = None
+        if self._child is not None:
+            child, self._child = self._child, None
+            child.kill()
+        if self._writes is not None:
+            writes, self._writes = self._writes, None
+            writes.abandon()
         if self._fd >= 0:
             fd, self._fd = self._fd, -1
             try:

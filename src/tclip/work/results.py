@@ -41,6 +41,7 @@ class NoteKind(enum.Enum):
     INTERRUPTED = "an in-place run was interrupted here"
     CHECK_FAILED = "a check the user asked for failed"
     FLUSHED_TO_ZERO = "scaling made non-zero values of narrow floats zero"
+    LOSSY = "tensors were written through a lossy filter"
 
 
 class Note(Tagged):

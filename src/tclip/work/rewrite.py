@@ -110,11 +110,16 @@ def _rewrite(reader: TensorReader, work: dict[str, TensorWork], target: Path | N
         writer = factory(target, reader, tensors=tensors if len(tensors) != len(reader.tensors) else None,
                          overwrite=overwrite, rewritten=set(work), metadata=metadata)
     written = {t.name for t in tensors}
+    lossy = {name: text for name, text in reader.lossy_filters().items() if name in work and name in written}
+    if target is not None and (output_format(target, reader) or reader.format_name) != reader.format_name:
+        lossy = {}  # a conversion writes new datasets, without the source's filters
     try:
         _run_rewrite(reader, writer, work, axes, budget, progress, held, written, result, measure_after)
         if writer is not None:
             writer.commit(commit_marker)
             result.bytes_written = os.stat(target).st_size  # type: ignore[arg-type]
+            if lossy and measure_after:
+                result.after.update(_measure_written(target, {n: result.after[n].axes for n in lossy}, budget))
     except BaseException as error:
         if writer is not None:
             writer.abort()
@@ -123,8 +128,43 @@ def _rewrite(reader: TensorReader, work: dict[str, TensorWork], target: Path | N
             raise TclipError(f"cannot write {target}: {error.strerror or error}; nothing was written",
                              reader.path) from None
         raise
+    if lossy:
+        result.warnings.append(_lossy_note(lossy, written=target is not None))
     result.elapsed_s = time.perf_counter() - started
     return result
+
+
+def _lossy_note(lossy: dict[str, str], written: bool) -> Note:
+    names = list(lossy)
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    filters = ", ".join(sorted(set(lossy.values())))
+    if written:
+        return Note(NoteKind.LOSSY, f"{shown}: stored through a lossy filter ({filters}), so the file holds other "
+                                    "values than those computed; the norms after were measured from the file")
+    return Note(NoteKind.LOSSY, f"{shown}: stored through a lossy filter ({filters}); a rewrite would hold other "
+                                "values than those computed, so the norms after shown here are not what the "
+                                "file would hold")
+
+
+def _measure_written(target: Path, axes: dict[str, tuple[int, ...] | None], budget: Budget) -> dict[str, TensorStats]:
+    """Statistics of tensors as the output holds them (read back after a lossy filter)."""
+    with open_reader(target) as reader:
+        stats = {name: TensorStats.empty(reader.tensors[name].shape, tensor_axes)
+                 for name, tensor_axes in axes.items()}
+
+        def work(block: Block, scratch: Scratch) -> list[tuple]:
+            return [stats[block.walk.name].reduce(unit, scratch, block.walk.axes) for _, (unit,) in block.units()]
+
+        def merge(block: Block, results: list[tuple]) -> None:
+            walk, tensor_stats = block.walk, stats[block.walk.name]
+            target_sums = walk.view(tensor_stats.sum_of_squares) if tensor_stats.axes is not None else None
+            for k, unit_result in zip(range(block.first, block.stop), results):
+                tensor_stats.add_unit(unit_result, walk.grid.index(k) if walk.axes is not None else (), target_sums,
+                                      walk.axes)
+
+        run_pass([tensor_walk(reader, name, axes=tensor_axes) for name, tensor_axes in axes.items()], budget,
+                 work, merge)
+    return stats
 
 
 def _run_rewrite(reader: TensorReader, writer: TensorWriter | None, work: dict[str, TensorWork], axes: object,
