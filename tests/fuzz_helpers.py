@@ -345,6 +345,8 @@ class CommandServer:
         if self.process.stdin is not None:
             self.process.stdin.close()
         self.process.wait(timeout=60)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
         shutil.rmtree(self.scratch, ignore_errors=True)
 
 
@@ -378,10 +380,22 @@ def problems(outcome: Outcome) -> list[str]:
 
 def run_case(seed: Seed, number: int, server: CommandServer, folder: Path, reference: Path) -> list[str]:
     """Damage ``seed`` as case ``number`` says, run every command on it, return what went wrong."""
-    rng = random.Random(f"{seed.name}/{number}")
-    payload, account = mutate(seed, rng)
-    work = folder / f"{seed.name}-{number}"
-    work.mkdir()
+    payload, account = mutate(seed, random.Random(f"{seed.name}/{number}"))
+    return run_payload(seed, payload, f"case {number} ({account})", server, folder, reference)
+
+
+def flipped(seed: Seed, bits: list[tuple[int, int]]) -> bytes:
+    """The seed with these (byte, bit) flipped: a case found once, kept as a regression."""
+    data = bytearray(seed.data)
+    for position, bit in bits:
+        data[position] ^= 1 << bit
+    return bytes(data)
+
+
+def run_payload(seed: Seed, payload: bytes, account: str, server: CommandServer, folder: Path,
+                reference: Path) -> list[str]:
+    """Run every command on a damaged copy of ``seed``; what went wrong."""
+    work = Path(tempfile.mkdtemp(prefix=f"{seed.name}-", dir=folder))
     name = f"model.layers{seed.suffix}"
     (work / name).write_bytes(payload)
     found: list[str] = []
@@ -397,7 +411,7 @@ def run_case(seed: Seed, number: int, server: CommandServer, folder: Path, refer
         if args[0] == "norm" and outcome.status == 0 and not (work / f"out{seed.suffix}").exists():
             found.append(f"{' '.join(args)}: exit 0 without its output")
     shutil.rmtree(work, ignore_errors=True)
-    return [f"{seed.name} case {number} ({account}):"] + found if found else []
+    return [f"{seed.name} {account}:"] + found if found else []
 
 
 def write_references(seeds: dict[str, Seed], folder: Path) -> dict[str, Path]:

@@ -7,7 +7,7 @@
   :mod:`~tclip.formats.safetensors`, :mod:`~tclip.formats.hdf5`;
 - :mod:`~tclip.formats.sharded`: index files of sharded checkpoints and one reader over a set;
 - private helpers: ``_blocks`` (index arithmetic), ``_io`` (raw byte I/O), ``_h5probe`` and
-  ``_h5walk`` (the HDF5 structure check in a child process).
+  ``_h5walk`` (the HDF5 library's work on untrusted files, in a child process).
 
 Nothing here clips: the formats know nothing of norms, the passes over files
 (:mod:`tclip.work`) know formats only through this protocol.

@@ -9,16 +9,17 @@ replaced) and writes the rewritten tensors' data in place, so everything else
 is exactly as it was: the group tree, attributes (object references and
 dimension scales included), links, creation order, chunking, compression
 filters, fill values and every dataset tclip does not change. Contiguous
-datasets are read and written as raw byte regions (``pread``/``pwrite``, any
-thread); chunked ones through h5py, one thread at a time.
+datasets and unfiltered chunks are read and written as raw byte regions
+(``pread``/``pwrite``, any thread); other chunked ones through h5py, one thread
+at a time.
 
 Untrusted files (see README, Security): external links are not followed, and
 datasets whose data lives in other files (external storage, virtual
-datasets) are never read nor written. The structure is first walked in a
-child process (:mod:`tclip.formats._h5probe`), so that a file malformed enough
-to crash the HDF5 library ends one child, not tclip. A dataset that claims
-far more data than the file stores (a decompression bomb, or a huge dataset of
-fill values) is refused before anything is read.
+datasets) are never read nor written. h5py works on a file in a child process
+(:mod:`tclip.formats._h5probe`), never in tclip's own, so that a file malformed
+enough to crash the HDF5 library ends one child, not tclip. A dataset that
+claims far more data than the file stores (a decompression bomb, or a huge
+dataset of fill values) is refused before anything is read.
 """
 
 from __future__ import annotations

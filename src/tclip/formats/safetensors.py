@@ -179,10 +179,12 @@ class SafetensorsReader(TensorReader):
             elements = checked_size(tuple(shape), 1, path, name)
             begin, end = self._offsets(name, offsets, data_size)
             bits = CARRIED_BITS.get(code)
-            if bits is not None and elements * bits != (end - begin) * 8:
-                needs = f"{elements * bits // 8}" if elements * bits % 8 == 0 else f"{elements * bits / 8:g} (not whole)"
-                raise FormatError(f"tensor {name!r}: shape {shape} of {code} ({bits} bits each) needs {needs} "
-                                  f"bytes, data_offsets give {end - begin}", path)
+            if bits is not None and elements * bits % 8:
+                raise FormatError(f"tensor {name!r}: shape {shape} of {code} ({bits} bits each) does not fill "
+                                  "whole bytes", path)
+            if bits is not None and elements * bits // 8 != end - begin:
+                raise FormatError(f"tensor {name!r}: shape {shape} of {code} ({bits} bits each) needs "
+                                  f"{elements * bits // 8} bytes, data_offsets give {end - begin}", path)
             return np.dtype("V1"), (end - begin,), begin, end
         nbytes = checked_size(tuple(shape), DTYPES[code].itemsize, path, name)
         begin, end = self._offsets(name, offsets, data_size)
