@@ -134,6 +134,7 @@ class Child:
         weakref.finalize(self, _end, self.process)
         os.set_blocking(self._in, False)
         try:
+            self._limit = seconds
             self.first = self._reply(time.monotonic() + seconds, "reading the file's structure")
         except BaseException:
             self.kill()
@@ -143,8 +144,10 @@ class Child:
                 nbytes: int = 0) -> tuple[dict[str, Any], bytes]:
         """Send one request; the reply (its header and payload). ``what`` names the work for
         errors (e.g. "reading tensor 'w'"); ``nbytes`` sizes its time limit."""
-        deadline = time.monotonic() + REQUEST_SECONDS + max(nbytes, len(payload)) / REQUEST_BYTES_PER_SECOND
+        limit = REQUEST_SECONDS + max(nbytes, len(payload)) / REQUEST_BYTES_PER_SECOND
+        deadline = time.monotonic() + limit
         with self._lock:
+            self._limit = limit
             if self.process is None:
                 raise FormatError(f"the process that reads the file has ended; {what} is not possible", self.path)
             text = json.dumps(header).encode("utf-8")
@@ -245,9 +248,8 @@ class Child:
         process = self.process
         if how == "timeout" or process is None:
             self.kill()
-            limit = "its time limit"
-            return FormatError(f"the HDF5 library ran past {limit} {what} in a separate process; "
-                               "refused as malformed", self.path)
+            return FormatError(f"{what} took the HDF5 library more than {self._limit:.0f} s in a separate "
+                               "process; refused as malformed", self.path)
         try:
             status = process.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -258,9 +260,6 @@ class Child:
                 name = signal.Signals(-status).name
             except ValueError:
                 name = f"signal {-status}"
-            if name == "SIGXCPU":
-                return FormatError(f"the HDF5 library ran past its time limit {what} in a separate process; "
-                                   "refused as malformed", self.path)
             return FormatError(f"the HDF5 library crashed ({name}) {what} in a separate process; "
                                "the file is malformed", self.path)
         if status == EXIT_OUT_OF_MEMORY:
