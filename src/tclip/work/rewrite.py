@@ -21,6 +21,7 @@ from ..errors import TclipError, UnsupportedError
 from ..formats import TensorReader, TensorWriter, create_writer, open_reader
 from ..formats.registry import holds_metadata, output_format
 from ..messages import Option
+from ..text import name_list
 from .budget import Budget
 from .passes import Action, Block, HeldTensors, Progress, Walk, run_pass, tensor_walk
 from .plan import TensorWork
@@ -75,10 +76,8 @@ def carried_loss(reader: TensorReader, target: Path) -> list[str]:
     lost += [f"{t.name} ({t.dtype} is not numeric)" for t in reader.tensors.values() if not t.numeric]
     lost += reader.lost_in_conversion()
     if reader.metadata and not holds_metadata(kind):
-        keys = [repr(str(key)) for key in list(reader.metadata)[:4]]
-        more = len(reader.metadata) - len(keys)
-        named = ", ".join(keys) + (f" and {more} more" if more else "")
-        lost.append(f"the file's metadata ({'key' if len(reader.metadata) == 1 else 'keys'} {named})")
+        keys = name_list([repr(str(key)) for key in list(reader.metadata)[:4]], 4, total=len(reader.metadata))
+        lost.append(f"the file's metadata ({'key' if len(reader.metadata) == 1 else 'keys'} {keys})")
     return lost
 
 
@@ -135,8 +134,7 @@ def _rewrite(reader: TensorReader, work: dict[str, TensorWork], target: Path | N
 
 
 def _lossy_note(lossy: dict[str, str], written: bool) -> Note:
-    names = list(lossy)
-    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    shown = name_list(list(lossy))
     filters = ", ".join(sorted(set(lossy.values())))
     if written:
         return Note(NoteKind.LOSSY, f"{shown}: stored through a lossy filter ({filters}), so the file holds other "
