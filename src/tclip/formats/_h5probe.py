@@ -44,7 +44,7 @@ from ..errors import FormatError, TclipError, UnsupportedError
 
 # The walk of a file of a few MiB takes well under a second; a hang is refused after this
 # long, plus a second per 16 MiB of file (chunk indexes and object headers grow with it).
-WALK_SECONDS = 10
+WALK_SECONDS = 8
 WALK_BYTES_PER_SECOND = 16 << 20
 # A request (a block read or written) may take this long, plus a second per 8 MiB.
 REQUEST_SECONDS = 30
@@ -89,8 +89,9 @@ class ChildGone(Exception):
 
 
 def send_frame(stream: Any, header: dict[str, Any], payload: bytes | memoryview = b"") -> None:
-    """Write one frame to a binary stream (the child's side)."""
-    text = json.dumps(header).encode("utf-8")
+    """Write one frame to a binary stream (the child's side). A value JSON cannot hold
+    (an attribute of an odd type) is sent as its text."""
+    text = json.dumps(header, default=str).encode("utf-8")
     stream.write(_FRAME.pack(len(text), len(payload)) + text)
     if len(payload):
         stream.write(payload)
@@ -111,20 +112,20 @@ def read_frame(stream: Any) -> tuple[dict[str, Any], bytes] | None:
 class Child:
     """One child process working on one HDF5 file (see the module's docstring).
 
-    ``start`` waits for the child's first reply (the description of the file, or an
-    error); :meth:`request` sends one request and returns the reply. Thread-safe: one
-    request at a time. Every way the child can fail becomes a :class:`FormatError`
-    naming ``path``.
+    Creating one starts the child on ``file`` and waits ``seconds`` at most for its first
+    reply (``first``: the description of the file, or an error); :meth:`request` sends
+    one request and returns the reply. Thread-safe: one request at a time. Every way the
+    child can fail becomes a :class:`FormatError` naming ``path``.
     """
 
     def __init__(self, path: Path, mode: str, file: Path, seconds: float) -> None:
         self.path, self.mode = path, mode
         self._lock = threading.Lock()
+        self._busy = False
         self.process: subprocess.Popen[bytes] | None = None
         try:
             self.process = subprocess.Popen(child_command(mode, os.fspath(file)), stdin=subprocess.PIPE,
-                                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                            start_new_session=False)
+                                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         except OSError as error:
             raise FormatError(f"cannot start the process that reads HDF5 files ({error.strerror or error}); "
                               "TCLIP_HDF5_PROBE=0 reads files you trust in tclip's own process", path) from None
@@ -151,6 +152,7 @@ class Child:
             if self.process is None:
                 raise FormatError(f"the process that reads the file has ended; {what} is not possible", self.path)
             text = json.dumps(header).encode("utf-8")
+            self._busy = True  # until the whole reply is in: a request abandoned midway ends the child
             try:
                 self._write(_FRAME.pack(len(text), len(payload)) + text, deadline)
                 if len(payload):
@@ -160,7 +162,11 @@ class Child:
             return self._reply(deadline, what)
 
     def close(self) -> int | None:
-        """End the child (it ends on its own when its input closes); its exit status."""
+        """End the child (it ends on its own when its input closes); its exit status.
+        A child still at work on a request that was abandoned (Ctrl-C) is killed."""
+        if self._busy:
+            self.kill()
+            return None
         process, self.process = self.process, None
         if process is None:
             return None
@@ -234,6 +240,7 @@ class Child:
             length, size = _FRAME.unpack(self._read(_FRAME.size, deadline))
             header = json.loads(self._read(length, deadline).decode("utf-8"))
             payload = self._read(size, deadline) if size else b""
+            self._busy = False
         except ChildGone as gone:
             raise self._failure(gone.what, what) from None
         except (ValueError, struct.error):

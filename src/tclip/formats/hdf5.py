@@ -25,6 +25,7 @@ dataset of fill values) is refused before anything is read.
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import os
 import posixpath
@@ -466,6 +467,12 @@ class Hdf5Reader(TensorReader):
         return description, np.asarray(tables, np.int64).tobytes()
 
     def _open_in_child(self) -> None:
+        key = _identity(self.path)
+        with _WALKED_LOCK:
+            walked = _WALKED.get(key) if key is not None else None
+        if walked is not None:  # opened before in this run (pass 1, then pass 2): no second walk
+            self._load(json.loads(walked[0]), walked[1])
+            return
         child = Child(self.path, "read", self.path, walk_seconds(self.path))
         header, payload = child.first
         try:
@@ -478,6 +485,11 @@ class Hdf5Reader(TensorReader):
             self._child = child
         else:
             child.close()
+        if key is not None and len(payload) <= WALKED_TABLE_BYTES:
+            with _WALKED_LOCK:
+                _WALKED[key] = (json.dumps(header["description"]), payload)
+                while len(_WALKED) > WALKED_FILES:
+                    del _WALKED[next(iter(_WALKED))]
 
     def _load(self, description: dict[str, Any], table: bytes) -> None:
         for name, shape, dtype, attrs, refused in description["tensors"]:
@@ -727,6 +739,22 @@ class Hdf5Reader(TensorReader):
                 raise FormatError(f"tensor {name!r} cannot be read ({_filter_message(error)})",
                                   self.path) from None
         return np.asarray(data)
+
+
+# Descriptions of files walked in this process, by identity (device, inode, size, time
+# of change): a file opened again unchanged is not walked again. Bounded: the last few.
+WALKED_FILES = 64
+WALKED_TABLE_BYTES = 16 << 20
+_WALKED: dict[tuple[int, int, int, int], tuple[str, bytes]] = {}
+_WALKED_LOCK = threading.Lock()
+
+
+def _identity(path: Path) -> tuple[int, int, int, int] | None:
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
 
 
 def chunk_blocks(shape: tuple[int, ...], chunks: tuple[int, ...]) -> Any:
