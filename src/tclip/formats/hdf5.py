@@ -362,7 +362,7 @@ class Hdf5Reader(TensorReader):
                 # Every chunk stored as it is (no filter): each chunk is a raw region of the
                 # file, read and written with pread/pwrite from any thread, no h5py in between.
                 self.raw_chunks[name] = RawChunks(tuple(dataset.chunks), tuple(info.shape), info.dtype.itemsize)
-                if chunks is not None:
+                if chunks is not None and len(chunks) == logical:  # (a damaged index may list more)
                     self._chunk_table[name] = chunks
 
     def _note_header(self, obj: h5py.HLObject, label: str) -> None:
