@@ -25,6 +25,7 @@ from .params import (
     BOUND,
     FILES,
     POSITIVE,
+    TOLERANCE,
     AxesType,
     FiniteFloat,
     display_options,
@@ -258,9 +259,9 @@ def info_command(ctx: click.Context, **kwargs: Any) -> None:
 @cli.command("diff")
 @click.argument("a", type=FILES, metavar="A")
 @click.argument("b", type=FILES, metavar="B")
-@click.option("--rtol", type=FiniteFloat(allow_inf=False), default=0.0, show_default=True,
+@click.option("--rtol", type=TOLERANCE, default=0.0, show_default=True,
               help="Relative tolerance: elements differ when |a-b| > atol + rtol*|b| (numpy.isclose's rule).")
-@click.option("--atol", type=FiniteFloat(allow_inf=False), default=0.0, show_default=True,
+@click.option("--atol", type=TOLERANCE, default=0.0, show_default=True,
               help="Absolute tolerance (see --rtol). The defaults mean bit-for-bit equal values.")
 @click.option("--map", "mapping", multiple=True, metavar="OLD=NEW",
               help="Rename A's tensors before matching: a name or a glob with * (repeatable).")
