@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import enum
 import math
-import re
 import time
 from contextlib import closing
 from dataclasses import asdict, dataclass, field
@@ -38,34 +37,10 @@ from ..formats import TensorInfo, TensorReader
 from ..formats.sharded import open_any
 from ..messages import Naming, Option, Tagged, library_name, spelled
 from .budget import Budget
+from .mapping import RenameRule, apply_mapping, parse_mapping
 from .passes import Block, pair_walk, run_pass
 from .results import SCHEMA_VERSION, dtype_text, json_safe
 from .selection import Selection
-
-
-def parse_mapping(items: tuple[str, ...] | list[str]) -> list[tuple[re.Pattern[str], str]]:
-    """``OLD=NEW`` rules; ``*`` in OLD matches any text, and each ``*`` in NEW takes what the
-    OLD ``*`` at the same place matched (``model.*=*`` drops a prefix)."""
-    rules = []
-    for item in items:
-        if "=" not in item:
-            raise ValueError(f"{item!r} is not OLD=NEW")
-        old, new = item.split("=", 1)
-        old, new = old.lstrip("/"), new.lstrip("/")
-        if new.count("*") > old.count("*"):
-            raise ValueError(f"{item!r}: NEW has more * than OLD")
-        pattern = re.compile("".join("(.*)" if c == "*" else re.escape(c) for c in old) + r"\Z")
-        rules.append((pattern, new))
-    return rules
-
-
-def apply_mapping(name: str, rules: list[tuple[re.Pattern[str], str]]) -> str:
-    for pattern, new in rules:
-        match = pattern.match(name)
-        if match:
-            groups = iter(match.groups())
-            return "".join(next(groups, "") if c == "*" else c for c in new)
-    return name
 
 
 class Status(str, enum.Enum):
@@ -210,7 +185,7 @@ def _comparable(info: TensorInfo) -> bool:
 
 
 def diff_files(a: Path | str, b: Path | str, *, rtol: float = 0.0, atol: float = 0.0,
-               mapping: list[tuple[re.Pattern[str], str]] | None = None, selection: Selection | None = None,
+               mapping: list[RenameRule] | None = None, selection: Selection | None = None,
                memory: int = Budget.memory, threads: int = 0, block_bytes: int | None = None) -> "DiffReport":
     """Compare two files (or sharded sets, through their index) tensor by tensor.
 
@@ -291,7 +266,7 @@ def diff_files(a: Path | str, b: Path | str, *, rtol: float = 0.0, atol: float =
     return report
 
 
-def _compare_others(reader_a: TensorReader, reader_b: TensorReader, rules: list[tuple[re.Pattern[str], str]],
+def _compare_others(reader_a: TensorReader, reader_b: TensorReader, rules: list[RenameRule],
                     selection: Selection, report: "DiffReport", memory: int) -> None:
     """What is not a tensor (HDF5 string, compound, enum datasets, dimension scales): matched
     by name like tensors; equal when their values are (read as data, within ``memory``)."""
