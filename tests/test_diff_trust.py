@@ -91,3 +91,88 @@ def test_map_renames_as_before(tmp_path):
     assert apply_mapping("enc.3.attn.q.weight", rules) == "encoder/3/q.weight"
     assert apply_mapping("lm_head.weight", rules) == "lm_head.weight"
     assert parse_mapping(["a=b"])[0].apply("a") == "b" and parse_mapping(["a=b"])[0].apply("ab") is None
+
+
+# ------------------------------------------------------------------ 21.7 integers compared exactly
+
+
+def diff_json(tmp_path, a, b, *options):
+    np.savez(tmp_path / "a.npz", **a)
+    np.savez(tmp_path / "b.npz", **b)
+    result = run("diff", "--json", *options, tmp_path / "a.npz", tmp_path / "b.npz")
+    assert result.exit_code in (0, 3), result.output
+    data = json.loads(result.stdout)
+    return result.exit_code, {t["name"]: t for t in data["tensors"]}
+
+
+def test_int64_beyond_2_53_differ_by_one(tmp_path):
+    big = 2**53
+    code, tensors = diff_json(tmp_path, {"model.embed_tokens.ids": np.array([big + 1, 5, -big - 1], np.int64)},
+                              {"model.embed_tokens.ids": np.array([big, 5, -big], np.int64)})
+    t = tensors["model.embed_tokens.ids"]
+    assert code == 3 and t["outside"] == 2 and t["elements"] == 3
+    assert t["max_abs_diff"] == 1.0 and t["diff_norm"] == 2 ** 0.5
+
+
+def test_int64_against_a_float_one_past_its_range(tmp_path):
+    code, tensors = diff_json(tmp_path, {"step": np.array([2**63 - 1, 2**62], np.int64)},
+                              {"step": np.array([2.0**63, 2.0**62], np.float64)})
+    t = tensors["step"]
+    assert code == 3 and t["outside"] == 1 and t["elements"] == 2 and t["max_abs_diff"] == 1.0
+    assert "dtypes differ" in t["note"]
+
+
+def test_uint64_against_int64(tmp_path):
+    code, tensors = diff_json(tmp_path, {"seed": np.array([2**64 - 1, 2**63, 5, 2**53 + 1], np.uint64)},
+                              {"seed": np.array([-1, -2**63, 5, 2**53], np.int64)})
+    t = tensors["seed"]
+    assert code == 3 and t["outside"] == 3 and t["elements"] == 4
+    assert t["max_abs_diff"] == 2.0**64  # 2**64 - 1 - (-1), rounded once to float64
+
+
+@pytest.mark.parametrize("ints, floats, outside, largest", [
+    (np.array([3, 2**53 + 1, -7], np.int64), np.array([3.0, 2.0**53, -7.0]), 1, 1.0),
+    (np.array([1, 2, 3], np.int32), np.array([1.0, 2.5, 3.0], np.float32), 1, 0.5),
+    (np.array([2**40 + 1], np.int64), np.array([2**40 + 1.25]), 1, 0.25),
+    (np.array([7, -2**63], np.int64), np.array([7.0, -(2.0**63)]), 0, 0.0),
+    (np.array([2**64 - 1], np.uint64), np.array([2.0**64]), 1, 1.0),
+])
+def test_integers_against_floats_as_exact_values(tmp_path, ints, floats, outside, largest):
+    code, tensors = diff_json(tmp_path, {"x": ints}, {"x": floats})
+    assert tensors["x"]["outside"] == outside and tensors["x"]["max_abs_diff"] == largest
+    assert code == (3 if outside else 0)
+    code, tensors = diff_json(tmp_path, {"x": floats}, {"x": ints})  # either side
+    assert tensors["x"]["outside"] == outside and tensors["x"]["max_abs_diff"] == largest
+
+
+def test_integer_tolerance_uses_the_exact_difference(tmp_path):
+    a, b = {"n": np.array([2**53 + 1, 2**60], np.int64)}, {"n": np.array([2**53, 2**60 + 3], np.int64)}
+    assert diff_json(tmp_path, a, b, "--atol", "3")[0] == 0
+    code, tensors = diff_json(tmp_path, a, b, "--atol", "2")
+    assert code == 3 and tensors["n"]["outside"] == 1
+
+
+EXACT_KINDS = [np.int64, np.uint64, np.int32, np.float64, np.float32]
+
+
+@given(st.sampled_from(EXACT_KINDS), st.sampled_from(EXACT_KINDS),
+       st.lists(st.tuples(st.integers(-2**64, 2**64), st.integers(-3, 3)), min_size=1, max_size=8))
+@settings(max_examples=300)
+def test_compare_unit_counts_and_differences_are_exact(kind_a, kind_b, pairs):
+    from fractions import Fraction
+
+    from tclip.core.compare import compare_unit
+
+    def representable(kind, value):
+        info = np.iinfo(kind) if np.issubdtype(kind, np.integer) else None
+        if info is not None:
+            return int(min(max(value, info.min), info.max))
+        return float(kind(value))
+
+    a = np.array([representable(kind_a, v) for v, _ in pairs], kind_a)
+    b = np.array([representable(kind_b, v + d) if d else representable(kind_b, v) for v, d in pairs], kind_b)
+    exact = [Fraction(int(x) if np.issubdtype(kind_a, np.integer) else float(x))
+             - Fraction(int(y) if np.issubdtype(kind_b, np.integer) else float(y)) for x, y in zip(a, b)]
+    result = compare_unit(a, b, 0.0, 0.0)
+    assert result[5] == sum(e != 0 for e in exact)
+    assert result[4] == float(max(abs(e) for e in exact))  # the largest difference, rounded once

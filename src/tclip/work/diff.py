@@ -13,7 +13,8 @@ so the numbers do not depend on the block size or the thread count:
   ``--use-system-epsilon`` treat them); the norms are over the positions where
   both values are finite.
 
-Tensors of different dtypes are compared as values; integers exactly.
+Tensors of different dtypes are compared as values; 64-bit integers exactly, against
+integers or floats (``2**53 + 1`` is not ``2**53``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..core.compare import DiffSums, compare_unit, identical_unit
-from ..core.dtypes import is_bool, is_complex, is_floating, is_integral
+from ..core.dtypes import is_bool, is_complex, is_floating
 from ..core.kernels import Scratch
 from ..errors import TclipError
 from ..formats import TensorInfo, TensorReader
@@ -354,7 +355,6 @@ def _compare_pairs(reader_a: TensorReader, reader_b: TensorReader, pairs: list[t
 
     def compare(block: Block, scratch: Scratch) -> list[tuple]:
         a, b = block.data
-        exact_ints = is_integral(a.dtype) and is_integral(b.dtype)
         same_bytes = a.dtype == b.dtype and a.nbytes == b.nbytes and np.array_equal(
             a.view(np.uint8), b.view(np.uint8))
         buffer = scratch.work
@@ -363,7 +363,7 @@ def _compare_pairs(reader_a: TensorReader, reader_b: TensorReader, pairs: list[t
             if same_bytes and not is_complex(x.dtype):
                 results.append(identical_unit(x, buffer))
             else:
-                results.append(compare_unit(x, y, rtol, atol, exact_ints, buffer))
+                results.append(compare_unit(x, y, rtol, atol, buffer))
         return results
 
     def merge(block: Block, results: list[tuple]) -> None:
