@@ -371,7 +371,7 @@ def run_report(*, files: tuple[str, ...], recursive: bool, order: str, axes: tup
                                  threads=threads or 0, max_norm=max_norm)
         if max_norm is not None:
             where = item.name if use_sets else item
-            if apply_gate(report, max_norm, axes is not None, where):
+            if apply_gate(report, max_norm, axes is not None, where, selection):
                 runner.checks_failed.append(str(where))
         return report
 

@@ -86,6 +86,9 @@ class TensorInfo:
             will), e.g. HDF5 external storage or a virtual dataset, whose data
             lives in other files. Such a tensor is never read nor written.
         dtype_label: shown instead of the dtype for data that is not numbers.
+        unreadable_type: the data is of a type tclip cannot read although it may
+            hold numbers (a newer safetensors dtype such as F4): carried as bytes, never
+            measured, so a check never passes over it.
         encoding: how the values come from stored parts (:class:`Encoding`);
             None: the stored elements are the values.
     """
@@ -99,6 +102,7 @@ class TensorInfo:
     refused: str | None = field(default=None, compare=False)
     dtype_label: str | None = field(default=None, compare=False)
     encoding: Encoding | None = field(default=None, compare=False)
+    unreadable_type: bool = field(default=False, compare=False)
 
     @property
     def size(self) -> int:
@@ -129,6 +133,7 @@ class OtherObject:
     shape: tuple[int, ...] | None = None
     dtype: str = ""
     numeric: bool = False  # plain numbers another format could hold (a dimension scale)
+    unreadable_type: bool = False  # a type tclip cannot read, which may hold numbers (quad floats): never measured
 
 
 def checked_size(shape: tuple[int, ...], itemsize: int, path: object, name: str) -> int:

@@ -151,7 +151,8 @@ class SafetensorsReader(TensorReader):
                 self.tensors[name] = TensorInfo(name, shape, dtype, attrs=_NO_ATTRS)
             else:
                 self.tensors[name] = TensorInfo(name, shape, dtype, numeric=False, attrs=_NO_ATTRS,
-                                                dtype_label=f"{code} {header[name]['shape']} (not supported)")
+                                                dtype_label=f"{code} {header[name]['shape']} (not supported)",
+                                                unreadable_type=True)
             self.offsets[name] = self.data_start + begin
         if position != data_size:
             raise FormatError(f"the data is {data_size} bytes but the tensors cover {position}", path)

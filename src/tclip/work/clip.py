@@ -136,6 +136,5 @@ def file_info(path: Path | str) -> InfoReport:
     with open_reader(path) as reader:
         tensors = [InfoTensor(t.name, list(t.shape), t.dtype, t.nbytes, dict(t.attrs), t.refused, t.dtype_label)
                    for t in reader.tensors.values()]
-        others = [OtherReport(o.name, o.kind, o.reason, None if o.shape is None else list(o.shape), o.dtype)
-                  for o in reader.others]
+        others = [OtherReport.of(o) for o in reader.others]
         return InfoReport(str(path), reader.format_name, path.stat().st_size, tensors, dict(reader.metadata), others)

@@ -50,8 +50,7 @@ def start_report(stats: FileStats, mode_name: str, params: dict[str, object]) ->
         if s is not None:
             fill_before(tensor, s)
         report.tensors.append(tensor)
-    report.others = [OtherReport(o.name, o.kind, o.reason, None if o.shape is None else list(o.shape), o.dtype)
-                     for o in stats.others]
+    report.others = [OtherReport.of(o) for o in stats.others]
     report.bytes_read = stats.bytes_read
     return report
 

@@ -152,6 +152,13 @@ class OtherReport:
     reason: str
     shape: list[int] | None = None
     dtype: str = ""
+    unreadable_type: bool = False  # of a type tclip cannot read that may hold numbers: no check passes over it
+
+    @classmethod
+    def of(cls, other: Any) -> "OtherReport":
+        """The report line of a format's :class:`~tclip.formats.OtherObject`."""
+        return cls(other.name, other.kind, other.reason, None if other.shape is None else list(other.shape),
+                   other.dtype, other.unreadable_type)
 
 
 def slice_label(shape: list[int], axes: tuple[int, ...] | None) -> str:

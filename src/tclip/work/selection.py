@@ -49,6 +49,7 @@ class SkipKind(enum.Enum):
     NOT_SELECTED = "not selected"     # the globs (or a set's index) leave it out
     REFUSED = "refused"               # the format will not read it (TensorInfo.refused)
     NOT_NUMERIC = "not numeric"       # strings, opaque bytes, pickles: copied as they are
+    UNREADABLE_TYPE = "unreadable type"  # a type tclip cannot read that may hold numbers: copied, never measured
     NOT_FLOATING = "not floating"     # integers, bool, complex: copied as they are
     AXES = "axes"                     # its rank cannot take the axes
 
@@ -87,7 +88,8 @@ def skip_reason(info: TensorInfo, selection: Selection, axes: object = None) -> 
     if info.refused:
         return Skip(SkipKind.REFUSED, info.refused)
     if not info.numeric:
-        return Skip(SkipKind.NOT_NUMERIC, f"{info.dtype_label or info.dtype} is not numeric")
+        return Skip(SkipKind.UNREADABLE_TYPE if info.unreadable_type else SkipKind.NOT_NUMERIC,
+                    f"{info.dtype_label or info.dtype} is not numeric")
     if not is_floating(info.dtype):
         return Skip(SkipKind.NOT_FLOATING, f"{dtype_name(info.dtype)} is not floating-point")
     problem = axes_problem(len(info.shape), axes)
