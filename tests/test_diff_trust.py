@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 
+import h5py
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -176,3 +177,201 @@ def test_compare_unit_counts_and_differences_are_exact(kind_a, kind_b, pairs):
     result = compare_unit(a, b, 0.0, 0.0)
     assert result[5] == sum(e != 0 for e in exact)
     assert result[4] == float(max(abs(e) for e in exact))  # the largest difference, rounded once
+
+
+# ------------------------------------------------------------------ 20.2 what was not compared
+
+
+LLAMA = [f"model.layers.{i}.{part}" for i in range(24) for part in
+         ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+          "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight", "input_layernorm.weight",
+          "post_attention_layernorm.weight")] + ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"]
+
+
+def llama_tensors(prefix: str = "") -> dict:
+    rng = np.random.default_rng(3)
+    return {prefix + name: rng.standard_normal(4).astype(np.float32) for name in LLAMA}
+
+
+def test_llama_has_219_tensors():
+    assert len(LLAMA) == 219
+
+
+def test_what_could_not_be_compared_is_never_same(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "stored.bin").write_bytes(np.ones(64, np.float32).tobytes())
+    for side in ("a", "b"):
+        with h5py.File(tmp_path / f"{side}.h5", "w") as f:
+            f.create_dataset("model/kernel", data=np.full((4, 4), 0.5, np.float32))
+            f.create_dataset("model/lm_head", shape=(64,), dtype="f4", external=[("stored.bin", 0, 256)])
+    result = run("diff", tmp_path / "a.h5", tmp_path / "b.h5")
+    assert result.exit_code == 3, result.output
+    assert not any(line.startswith("same") for line in result.stdout.splitlines())
+    assert "not compared: model/lm_head (external storage: its data lives in other files" in result.stdout
+    assert "incomplete: 1 compared, 0 differ, 1 not compared" in result.stdout
+    data = json.loads(run("diff", "--json", tmp_path / "a.h5", tmp_path / "b.h5").stdout)
+    assert data["same"] is False and data["verdict"] == "incomplete" and data["tensors_differing"] == 0
+    assert [item["name"] for item in data["not_compared"]] == ["model/lm_head"]
+    assert data["not_compared"][0]["reason"].startswith("external storage: its data lives in other files")
+    quiet = run("diff", "-q", tmp_path / "a.h5", tmp_path / "b.h5")
+    assert quiet.exit_code == 3 and "were not all compared: 1 compared, 0 differ, 1 not compared" in quiet.stderr
+    excluded = run("diff", "--exclude", "model/lm_head", tmp_path / "a.h5", tmp_path / "b.h5")
+    assert excluded.exit_code == 0 and "same: 1 compared" in excluded.stdout
+
+
+def test_bool_against_numbers_is_not_same(tmp_path):
+    a = write_st(tmp_path / "a.safetensors", {"attention_mask": np.array([True, False])})
+    b = write_st(tmp_path / "b.safetensors", {"attention_mask": np.array([1, 0], np.uint8)})
+    result = run("diff", a, b)
+    assert result.exit_code == 3 and "not compared: attention_mask (bool against numbers)" in result.stdout
+
+
+def test_not_compared_lines_state_each_reason_once(tmp_path):
+    a = write_st(tmp_path / "a.safetensors", {f"model.layers.{i}.mask": np.array([True]) for i in range(40)})
+    b = write_st(tmp_path / "b.safetensors", {f"model.layers.{i}.mask": np.array([1], np.int8) for i in range(40)})
+    result = run("diff", a, b)
+    assert result.exit_code == 3
+    lines = [line for line in result.stdout.splitlines() if line.startswith("not compared")]
+    assert lines == ["not compared: model.layers.0.mask, model.layers.1.mask, model.layers.2.mask and 37 more "
+                     "(bool against numbers)"]
+
+
+# ------------------------------------------------------------------ 20.3 metadata and attributes
+
+
+def test_safetensors_metadata_is_compared(tmp_path):
+    tensors = llama_tensors()
+    a = write_st(tmp_path / "a.safetensors", tensors, {"format": "pt", "step": "41200"})
+    b = write_st(tmp_path / "b.safetensors", tensors, {"format": "pt", "step": "41300", "note": "resumed"})
+    result = run("diff", a, b)
+    assert result.exit_code == 3, result.output
+    assert "file metadata: step: 41200  vs  41300" in result.stdout
+    assert "file metadata: note: (none)  vs  resumed" in result.stdout
+    assert "differ: 219 compared, 0 differ, 2 metadata differences" in result.stdout
+    data = json.loads(run("diff", "--json", a, b).stdout)
+    assert data["metadata_differences"] == [{"where": None, "key": "step", "a": "41200", "b": "41300"},
+                                            {"where": None, "key": "note", "a": None, "b": "resumed"}]
+    assert data["same"] is False and data["verdict"] == "differ"
+    same = write_st(tmp_path / "c.safetensors", tensors, {"format": "pt", "step": "41200"})
+    assert run("diff", a, same).exit_code == 0
+    # Narrowed to some tensors, the file's metadata is not what is asked about.
+    assert run("diff", "--include", "model.layers.0.*", a, b).exit_code == 0
+
+
+def test_hdf5_attributes_of_root_groups_and_datasets_are_compared(tmp_path):
+    def keras(path, version, units, config):
+        with h5py.File(path, "w") as f:
+            f.attrs["keras_version"] = version
+            f.attrs["model_config"] = config
+            group = f.create_group("layers/dense")
+            group.attrs["units"] = units
+            kernel = group.create_dataset("vars/0", data=np.full((4, 4), 0.5, np.float32))
+            kernel.attrs["name"] = "kernel"
+        return path
+
+    config = json.dumps({"layers": [{"name": f"dense_{i}", "units": 64} for i in range(200)]})
+    changed = config.replace('"dense_150", "units": 64', '"dense_150", "units": 65')
+    a = keras(tmp_path / "a.weights.h5", "3.6.0", 64, config)
+    b = keras(tmp_path / "b.weights.h5", "3.7.0", np.int64(64), changed)
+    with h5py.File(b, "a") as f:
+        f["layers/dense/vars/0"].attrs["name"] = "bias"
+    data = json.loads(run("diff", "--json", a, b).stdout)
+    differences = {(d["where"], d["key"]): (d["a"], d["b"]) for d in data["metadata_differences"]}
+    assert set(differences) == {(None, "keras_version"), (None, "model_config"), ("layers/dense/vars/0", "name")}
+    assert differences[(None, "keras_version")] == ("3.6.0", "3.7.0")
+    assert differences[("layers/dense/vars/0", "name")] == ("kernel", "bias")
+    shown_a, shown_b = differences[(None, "model_config")]
+    assert len(config) > 5000 and len(shown_a) <= 62 and len(shown_b) <= 62
+    assert '"units": 64' in shown_a and '"units": 65' in shown_b and shown_a.startswith("…")
+    with h5py.File(b, "a") as f:
+        f["layers/dense"].attrs["units"] = 32
+    text = run("diff", a, b)
+    assert text.exit_code == 3 and "attribute of layers/dense: units: 64  vs  32" in text.stdout
+    assert "and 1 more metadata difference (--json lists them)" in text.stdout
+
+
+def test_a_string_and_a_number_are_told_apart(tmp_path):
+    for side, value in (("a", 1), ("b", "1")):
+        with h5py.File(tmp_path / f"{side}.h5", "w") as f:
+            f.attrs["epoch"] = value
+            f.create_dataset("w", data=np.ones(3, np.float32))
+    result = run("diff", tmp_path / "a.h5", tmp_path / "b.h5")
+    assert result.exit_code == 3 and 'file metadata: epoch: 1  vs  "1"' in result.stdout
+
+
+def test_formats_without_metadata_have_none_to_compare(tmp_path):
+    tensors = llama_tensors()
+    a = write_st(tmp_path / "a.safetensors", tensors, {"format": "pt"})
+    b = tmp_path / "b.npz"
+    np.savez(b, **tensors)
+    result = run("diff", a, b)
+    assert result.exit_code == 0, result.output
+    assert "file metadata not compared: one of the formats holds none" in result.stderr
+    h5 = tmp_path / "c.h5"
+    with h5py.File(h5, "w") as f:
+        f.attrs["format"] = "pt"
+        for name, values in tensors.items():
+            f.create_dataset(name, data=values)
+    assert run("diff", a, h5).exit_code == 0  # the strings a conversion carries
+    with h5py.File(h5, "a") as f:
+        f.attrs["format"] = "tf"
+    assert run("diff", a, h5).exit_code == 3
+
+
+# ------------------------------------------------------------------ 20.4 names that do not pair
+
+
+def test_a_ddp_prefix_pairs_nothing_and_the_map_is_suggested(tmp_path):
+    a = write_st(tmp_path / "ddp.safetensors", llama_tensors("module."))
+    b = write_st(tmp_path / "model.safetensors", llama_tensors())
+    result = run("diff", a, b)
+    assert result.exit_code == 3
+    assert ("no tensor names pair up (A: module.lm_head.weight, module.model.embed_tokens.weight and 217 more; "
+            "B: lm_head.weight, model.embed_tokens.weight and 217 more); --map 'module.*=*' would pair 219 of 219"
+            ) in result.stderr
+    assert "only in A: module.lm_head.weight, module.model.embed_tokens.weight, module.model.layers.0.input_layernorm" \
+           ".weight and 216 more" in result.stdout
+    assert run("diff", "--map", "module.*=*", a, b).exit_code == 0
+    reverse = run("diff", "-q", b, a)
+    assert reverse.exit_code == 3 and "--map '*=module.*' would pair 219 of 219" not in reverse.stderr  # -q: quiet
+    reverse = run("diff", b, a)
+    assert "--map '*=module.*' would pair 219 of 219" in reverse.stderr
+    data = json.loads(run("diff", "--json", a, b).stdout)
+    assert any("--map 'module.*=*' would pair 219" in w for w in data["warnings"])
+
+
+def test_a_rule_or_pattern_matching_nothing_is_named(tmp_path):
+    a = write_st(tmp_path / "a.safetensors", llama_tensors())
+    result = run("diff", "--map", "transformer.*=model.*", a, a)
+    assert result.exit_code == 0
+    assert "Warning: " in result.stderr and "--map 'transformer.*=model.*' matches no tensor of A" in result.stderr
+    nothing = run("diff", "--include", "encoder.*", a, a)
+    assert nothing.exit_code == 3, nothing.output  # nothing compared proves nothing
+    assert "pattern 'encoder.*' matches no tensor of A or B" in nothing.stderr
+    assert "incomplete: 0 compared" in nothing.stdout
+
+
+def test_suggested_maps_for_common_renames():
+    from tclip.work.mapping import suggest_mapping
+
+    base = [n for n in LLAMA if n.startswith("model.")]
+    assert suggest_mapping(["_orig_mod." + n for n in base], base) == ("_orig_mod.*=*", len(base))
+    assert suggest_mapping(base, ["transformer." + n[len("model."):] for n in base]) == \
+        ("model.*=transformer.*", len(base))
+    assert suggest_mapping(["a.w"], ["b.v"]) is None
+
+
+def test_two_sets_compare_their_index_metadata_but_not_total_size(tmp_path):
+    def shard_set(folder, metadata):
+        folder.mkdir()
+        write_st(folder / "model-00001-of-00001.safetensors", llama_tensors())
+        (folder / "model.safetensors.index.json").write_text(json.dumps(
+            {"metadata": metadata, "weight_map": {n: "model-00001-of-00001.safetensors" for n in LLAMA}}))
+        return folder
+
+    a = shard_set(tmp_path / "a", {"total_size": 3504})
+    b = shard_set(tmp_path / "b", {"total_size": 9999})
+    assert run("diff", a, b).exit_code == 0
+    c = shard_set(tmp_path / "c", {"total_size": 3504, "quantization": "none"})
+    result = run("diff", a, c)
+    assert result.exit_code == 3 and "file metadata: quantization: (none)  vs  none" in result.stdout

@@ -452,12 +452,15 @@ def run_diff(*, a: str, b: str, rtol: float, atol: float, mapping: tuple[str, ..
                                                      memory=memory, threads=threads or 0))
     if result is None:
         return EXIT_FAILED
+    for warning in result.warnings:
+        runner.note(name, warning)
     if as_json:
         runner.emit(result.to_json(flag))
     elif not quiet:
         render_diff(result, runner.out, runner.width, sort=sort, top=top)
-    if result.differs:
+    if not result.same:
         if quiet and not as_json:
-            runner.say(f"Warning: {safe(a)} and {safe(b)} differ: {result.summary_line()}")
+            what = "differ" if result.differs else "were not all compared"
+            runner.say(f"Warning: {safe(a)} and {safe(b)} {what}: {result.summary_line()}")
         return EXIT_CHECK_FAILED
     return 0

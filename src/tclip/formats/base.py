@@ -160,6 +160,7 @@ class TensorReader(ABC):
         self.tensors: dict[str, TensorInfo] = {}
         self.metadata: dict[str, Any] = {}
         self.others: list[OtherObject] = []  # what is not a tensor (HDF5 strings, scales...)
+        self.group_attributes: dict[str, dict[str, Any]] = {}  # attributes of containers (HDF5 groups), by path
 
     def __enter__(self) -> "TensorReader":
         return self

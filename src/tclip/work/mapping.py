@@ -83,3 +83,48 @@ def apply_mapping(name: str, rules: list[RenameRule]) -> str:
         if renamed is not None:
             return renamed
     return name
+
+
+# Where a name may be cut into a prefix and the rest: after a dot or a slash, at most this
+# many levels deep (module., model.decoder., _orig_mod.module....).
+_SEPARATORS = "./"
+_LEVELS = 3
+
+
+def _cuts(name: str) -> list[int]:
+    cuts = [0]
+    for i, c in enumerate(name):
+        if c in _SEPARATORS:
+            cuts.append(i + 1)
+            if len(cuts) > _LEVELS:
+                break
+    return cuts
+
+
+def suggest_mapping(names_a: list[str], names_b: list[str]) -> tuple[str, int] | None:
+    """The ``PREFIX_A*=PREFIX_B*`` rule that pairs the most of A's names with B's (a DDP
+    ``module.`` prefix on one side only, ``model.`` against ``transformer.``), and how many
+    names it pairs; None when no prefix swap pairs any."""
+    rests: dict[str, list[str]] = {}
+    for name in names_b:
+        for cut in _cuts(name):
+            rests.setdefault(name[cut:], []).append(name[:cut])
+    counts: dict[tuple[str, str], int] = {}
+    for name in names_a:
+        seen = set()
+        for cut in _cuts(name):
+            rest = name[cut:]
+            if not rest:
+                continue
+            for prefix_b in rests.get(rest, ()):
+                key = (name[:cut], prefix_b)
+                if key != ("", "") and key not in seen:
+                    seen.add(key)
+                    counts[key] = counts.get(key, 0) + 1
+    if not counts:
+        return None
+    prefix_a, prefix_b = max(counts, key=lambda k: (counts[k], -len(k[0]) - len(k[1])))
+    rule = parse_mapping([f"{prefix_a}*={prefix_b}*"])[0]
+    wanted = set(names_b)
+    paired = sum(apply_mapping(name, [rule]) in wanted for name in names_a)
+    return rule.text, paired
