@@ -89,6 +89,9 @@ class TensorInfo:
         unreadable_type: the data is of a type tclip cannot read although it may
             hold numbers (a newer safetensors dtype such as F4): carried as bytes, never
             measured, so a check never passes over it.
+        optimizer_state: the tensor is a training optimizer's state saved beside the
+            weights (a Keras file's Adam moments, iteration count, learning rate):
+            left as it is unless an include pattern names it.
         encoding: how the values come from stored parts (:class:`Encoding`);
             None: the stored elements are the values.
     """
@@ -103,6 +106,7 @@ class TensorInfo:
     dtype_label: str | None = field(default=None, compare=False)
     encoding: Encoding | None = field(default=None, compare=False)
     unreadable_type: bool = field(default=False, compare=False)
+    optimizer_state: bool = field(default=False, compare=False)
 
     @property
     def size(self) -> int:

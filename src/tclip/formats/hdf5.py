@@ -273,6 +273,7 @@ class Hdf5Reader(TensorReader):
             self.metadata = attributes(self.file)
             self._note_header(self.file, "the root group")
             self._walk(self.file, set())
+            self._mark_optimizer_state()
             self._check_overlaps()
         except (FormatError, UnsupportedError):
             self.close()
@@ -302,6 +303,31 @@ class Hdf5Reader(TensorReader):
                 self._walk(obj, seen)
             elif isinstance(obj, h5py.Dataset):
                 self._add_dataset(obj)
+
+    def _mark_optimizer_state(self) -> None:
+        """Flag the variables of the optimizer a Keras file saved beside the weights: under
+        ``optimizer/`` in Keras 3's layout (``layers/``, ``vars``, ``optimizer/vars``), under
+        ``optimizer_weights/`` in the legacy one (``model_weights/`` or a ``keras_version``)."""
+        h5py = import_h5py()
+        root = self.file
+
+        def group(name: str) -> bool:
+            try:
+                link = root.get(name, getlink=True)
+                return isinstance(link, h5py.HardLink) and isinstance(root.get(name), h5py.Group)
+            except _H5_ERRORS:
+                return False
+
+        prefixes = []
+        if group("optimizer") and group("optimizer/vars") and (group("layers") or group("vars")):
+            prefixes.append("optimizer/")
+        if group("optimizer_weights") and (group("model_weights") or "keras_version" in self.metadata):
+            prefixes.append("optimizer_weights/")
+        if not prefixes:
+            return
+        for name, info in self.tensors.items():
+            if name.startswith(tuple(prefixes)):
+                info.optimizer_state = True
 
     def _add_dataset(self, dataset: h5py.Dataset) -> None:
         h5py = import_h5py()

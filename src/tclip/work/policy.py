@@ -10,7 +10,7 @@ from ..messages import Option
 from ..text import name_list, natural_key
 from .options import ClipOptions
 from .quantized import describe, scale_companions
-from .reporting import unmatched_note
+from .reporting import optimizer_note, unmatched_note
 from .results import FileReport, Note, NoteKind
 from .selection import Selection, SkipKind, TensorEntry, is_rank_skip
 
@@ -64,6 +64,10 @@ def check_selection(entries: list[TensorEntry], names: list[str], mode: Mode, op
                                            f"{what} ({listing}); nothing was written"), where)
         notes.append(Note(NoteKind.AXES_SKIPPED, f"{_tensors(len(rank_skips))} left unchanged: {listing}"))
     notes += [unmatched_note(pattern) for pattern in selection.unmatched(names)]
+    optimizer = optimizer_note([e.name for e in entries
+                                if e.skipped is not None and e.skipped.kind is SkipKind.OPTIMIZER_STATE], False)
+    if optimizer:
+        notes.append(optimizer)
     if not any(e.skipped is None for e in entries):
         notes.append(Note(NoteKind.NOTHING_SELECTED, "no floating-point tensor selected; the output is a copy"))
     return notes

@@ -10,6 +10,7 @@ import numpy as np
 from ..core.dtypes import is_complex
 from ..core.modes import GlobalNormClip, Mode, NormClip, ValueClip
 from ..core.stats import TensorStats
+from ..messages import Option
 from ..text import name_list
 from .gate import gate_tolerance
 from .plan import Plan
@@ -24,7 +25,7 @@ from .results import (
     TensorReport,
 )
 from .rewrite import RewriteResult
-from .selection import Selection, is_rank_skip
+from .selection import Selection, SkipKind, is_rank_skip
 from .statistics import FileStats
 
 
@@ -172,10 +173,25 @@ def report_from_stats(stats: FileStats, ord: str, params: dict[str, object],
         report.global_norm = max(norms, default=0.0)
     for pattern in (selection or Selection()).unmatched([t.name for t in report.tensors]):
         report.warnings.append(unmatched_note(pattern))
+    optimizer = optimizer_note([t.name for t in report.tensors
+                                if t.skipped is not None and t.skipped.kind is SkipKind.OPTIMIZER_STATE], True)
+    if optimizer:
+        report.warnings.append(optimizer)
     quantized = quantized_warning([t.name for t in report.tensors])
     if quantized:
         report.warnings.append(quantized)
     return report
+
+
+def optimizer_note(names: list[str], measured: bool) -> Note | None:
+    """The word that a training optimizer's variables were left out (counted, a few named)."""
+    if not names:
+        return None
+    done = "left out of the global norm" if measured else "left unchanged"
+    return Note(NoteKind.OPTIMIZER_STATE, (f"{len(names):,} optimizer variable{'s' if len(names) > 1 else ''} "
+                                           f"(a Keras optimizer's moments, iterations, learning rate) {done}: "
+                                           f"{name_list(names)}; name them with ", Option.INCLUDE,
+                                           " to work on them too"))
 
 
 def unmatched_note(pattern: str) -> Note:

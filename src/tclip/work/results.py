@@ -41,6 +41,7 @@ class NoteKind(enum.Enum):
     INTERRUPTED = "an in-place run was interrupted here"
     CHECK_FAILED = "a check the user asked for failed"
     FLUSHED_TO_ZERO = "scaling made non-zero values of narrow floats zero"
+    OPTIMIZER_STATE = "a training optimizer's state was left out"
 
 
 class Note(Tagged):

@@ -37,6 +37,11 @@ class Selection:
             return False
         return not any(fnmatch.fnmatchcase(name, p.lstrip("/")) for p in self.exclude)
 
+    def names_explicitly(self, name: str) -> bool:
+        """Whether an include pattern matches ``name`` (what is left out by default, such
+        as optimizer state, is worked on only then)."""
+        return any(fnmatch.fnmatchcase(name, p.lstrip("/")) for p in self.include)
+
     def unmatched(self, names: list[str]) -> list[str]:
         """The include/exclude patterns that match none of ``names``."""
         return [p for p in (*self.include, *self.exclude)
@@ -47,6 +52,7 @@ class SkipKind(enum.Enum):
     """Why a tensor is left as it is."""
 
     NOT_SELECTED = "not selected"     # the globs (or a set's index) leave it out
+    OPTIMIZER_STATE = "optimizer state"  # a training optimizer's variables: only when an include pattern names them
     REFUSED = "refused"               # the format will not read it (TensorInfo.refused)
     NOT_NUMERIC = "not numeric"       # strings, opaque bytes, pickles: copied as they are
     UNREADABLE_TYPE = "unreadable type"  # a type tclip cannot read that may hold numbers: copied, never measured
@@ -85,6 +91,8 @@ def skip_reason(info: TensorInfo, selection: Selection, axes: object = None) -> 
     can take the axes."""
     if not selection.matches(info.name):
         return Skip(SkipKind.NOT_SELECTED, "not selected")
+    if info.optimizer_state and not selection.names_explicitly(info.name):
+        return Skip(SkipKind.OPTIMIZER_STATE, "optimizer state, left out unless an include pattern names it")
     if info.refused:
         return Skip(SkipKind.REFUSED, info.refused)
     if not info.numeric:
@@ -125,7 +133,10 @@ def select(reader: TensorReader, selection: Selection, axes: object = None,
         entries.append(TensorEntry(info.name, tuple(info.shape), info.dtype, info.nbytes, reason, info.dtype_label))
         if reason is None:
             to_read[info.name] = normalize_axes(axes, len(info.shape))
-        elif whole_if_rank_skip and (is_rank_skip(reason) or (is_complex(info.dtype) and info.numeric
-                                                               and selection.matches(info.name))):
-            to_read[info.name] = None  # complex: never clipped, but its NaN/Inf and norm are shown
+        elif whole_if_rank_skip and (is_rank_skip(reason) or (
+                (is_complex(info.dtype) or (reason.kind is SkipKind.OPTIMIZER_STATE and is_floating(info.dtype)))
+                and info.numeric and not info.refused and selection.matches(info.name))):
+            # Complex tensors and optimizer state: never clipped nor in the global norm, but
+            # their NaN/Inf and norm are shown.
+            to_read[info.name] = None
     return entries, to_read
