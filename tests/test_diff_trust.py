@@ -331,6 +331,7 @@ def test_a_ddp_prefix_pairs_nothing_and_the_map_is_suggested(tmp_path):
             ) in result.stderr
     assert "only in A: module.lm_head.weight, module.model.embed_tokens.weight, module.model.layers.0.input_layernorm" \
            ".weight and 216 more" in result.stdout
+    assert "differ: 0 compared, 0 differ, 219 only in A, 219 only in B\n" in result.stdout  # no ‖A−B‖ of nothing
     assert run("diff", "--map", "module.*=*", a, b).exit_code == 0
     reverse = run("diff", "-q", b, a)
     assert reverse.exit_code == 3 and "--map '*=module.*' would pair 219 of 219" not in reverse.stderr  # -q: quiet

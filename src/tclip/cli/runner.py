@@ -434,7 +434,8 @@ def run_info(*, files: tuple[str, ...], recursive: bool, sort: str, as_json: boo
 def run_diff(*, a: str, b: str, rtol: float, atol: float, mapping: tuple[str, ...], sort: str, top: int | None,
              include: tuple[str, ...], exclude: tuple[str, ...], as_json: bool, quiet: bool, color: str,
              threads: int | None, memory: int) -> int:
-    from ..work.diff import diff_files, parse_mapping
+    from ..work.diff import diff_files
+    from ..work.mapping import parse_mapping
     from ..work.inputs import diff_input
     from ..work.selection import Selection
     from .render.diff import render_diff

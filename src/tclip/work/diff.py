@@ -39,7 +39,7 @@ from ..formats.sharded import open_any
 from ..messages import Naming, Option, Tagged, library_name, spelled
 from ..text import name_list
 from .budget import Budget
-from .mapping import RenameRule, apply_mapping, parse_mapping, suggest_mapping
+from .mapping import RenameRule, apply_mapping, suggest_mapping
 from .metadata_diff import MetadataDifference, metadata_differences
 from .passes import Block, pair_walk, run_pass
 from .results import SCHEMA_VERSION, dtype_text, json_safe
@@ -200,7 +200,8 @@ class DiffReport:
         if self.metadata_differences:
             n = len(self.metadata_differences)
             parts.append(f"{n} metadata difference{'s' if n > 1 else ''}")
-        parts.append(f"‖A−B‖ {self.global_diff_norm:.6g} ({self.global_relative:.3g} of ‖A‖)")
+        if compared:  # with nothing compared, a ‖A−B‖ of 0 would claim what was not measured
+            parts.append(f"‖A−B‖ {self.global_diff_norm:.6g} ({self.global_relative:.3g} of ‖A‖)")
         return ", ".join(parts)
 
     def to_json(self, name: Naming = library_name) -> dict[str, Any]:
@@ -251,7 +252,7 @@ def diff_files(a: Path | str, b: Path | str, *, rtol: float = 0.0, atol: float =
         a, b: any two supported files, of the same or different formats.
         rtol, atol: an element differs when ``|a-b| > atol + rtol*|b|``; the
             defaults (0) mean any difference in value.
-        mapping: rename rules for A's tensors (:func:`parse_mapping`).
+        mapping: rename rules for A's tensors (:func:`tclip.work.mapping.parse_mapping`).
         selection: include/exclude globs, over A's (renamed) names.
 
     Returns:
