@@ -204,7 +204,8 @@ def global_command(ctx: click.Context, clip_norm: float, use_norm: float | None,
 @click.option("--axes", type=AxesType(), default=None,
               help="Also report slice norms along these axes: largest, smallest, near-zero, worst by index.")
 @click.option("--max-norm", type=FiniteFloat(positive=True), default=None,
-              help="Exit 3 if the global norm (with --axes: any slice norm) exceeds this, or any NaN/Inf is found.")
+              help="Exit 3 if the global norm (with --axes: any slice norm, or the whole norm of a tensor whose "
+                   "rank cannot take them) exceeds this, any NaN/Inf is found, or a selected tensor cannot be read.")
 @click.option("--sort", type=click.Choice(["name", "norm", "order"]), default="name", show_default=True,
               help="Rows by name (natural order: layers.2 before layers.10), largest norm first, or file order "
                    "(with --summary: files by path, by global norm, or as given).")
@@ -223,7 +224,8 @@ def report_command(ctx: click.Context, **kwargs: Any) -> None:
     """Report norms and statistics of every tensor; writes nothing.
 
     --max-norm turns it into a gate: exit status 3 when a limit is exceeded
-    (by more than 2 ulps of the tensor's dtype) or a NaN/Inf is found.
+    (by more than 2 ulps of the tensor's dtype), a NaN/Inf is found, or a
+    selected tensor could not be measured (--exclude it to gate the rest).
 
     \b
     Example:
@@ -277,9 +279,10 @@ def diff_command(ctx: click.Context, **kwargs: Any) -> None:
 
     Per tensor: ||a-b||, ||a-b||/||a||, max|a-b|, cosine similarity, the
     elements outside |a-b| <= atol + rtol*|b| (numpy.isclose's rule) and NaN/Inf
-    positions that differ (NaN equals NaN). Exit status 0 when both hold the
-    same names, shapes and values within tolerance, 3 when anything differs,
-    1 for an unreadable file.
+    positions that differ (NaN equals NaN); then file metadata and HDF5
+    attributes. Exit status 0 when both hold the same names, shapes, values
+    within tolerance and metadata, and everything could be compared; 3 when
+    anything differs or could not be compared; 1 for an unreadable file.
 
     \b
     Example:
