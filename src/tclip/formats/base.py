@@ -196,6 +196,12 @@ class TensorReader(ABC):
         """Whether :meth:`read_flat` of this tensor may run on several threads at once."""
         return self.region(name) is not None
 
+    def overlaps(self) -> list[tuple[str, str, bool]]:
+        """Pairs ``(first, second, same_view)`` of tensors whose data share bytes of the file
+        (tied weights and views of one buffer in a PyTorch file): rewriting the file in its
+        own format writes such bytes once. None where every tensor has bytes of its own."""
+        return []
+
     def lost_in_conversion(self) -> list[str]:
         """What this file holds that only its own format can carry (for people): what a
         conversion to another format would drop, beyond non-tensors, non-numeric data and

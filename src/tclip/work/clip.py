@@ -12,6 +12,7 @@ import numpy as np
 from ..core.modes import Mode, NormClip, ValueClip, value_bounds
 from ..errors import OutputExistsError
 from ..formats import open_reader
+from ..formats.registry import output_format
 from ..messages import Option
 from .budget import Budget
 from .inputs import check_outputs, output_for
@@ -24,6 +25,7 @@ from .results import FileReport, InfoReport, InfoTensor, Note, NoteKind, OtherRe
 from .rewrite import rewrite_file
 from .selection import Selection, select
 from .statistics import file_statistics
+from .tied import check_tied
 
 
 def clip_file(path: Path | str, mode: Mode, options: ClipOptions | None = None,
@@ -87,6 +89,8 @@ def clip_file(path: Path | str, mode: Mode, options: ClipOptions | None = None,
         report.warnings += warnings
         check_nonfinite(report, options, path)
         plan = make_plan(mode, [stats])
+        if output_format(target or would_write, reader) in (None, reader.format_name):
+            check_tied(stats, plan.work[stats.path], mode.name)  # a conversion stores each tensor apart
         rewrite = rewrite_file(reader, plan.work[stats.path], target, axes=axes,
                                overwrite=options.overwrite or options.in_place, budget=budget, progress=progress,
                                held=held, drop_nonnumeric=options.drop_nonnumeric,

@@ -62,6 +62,7 @@ from .results import FileReport, InfoReport, Note, NoteKind
 from .rewrite import RewriteResult, rewrite_file
 from .selection import Selection
 from .statistics import FileStats, file_statistics
+from .tied import check_tied
 
 
 def stats_task(path: str, selection: Selection, axes: Any, budget: Budget, track_l1: bool = False,
@@ -236,6 +237,8 @@ def clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_addres
             report.warnings.append(Note(NoteKind.RESUMED, f"resumed an unfinished run: {len(done)} of {len(files)} "
                                                           "shard(s) were clipped by it already"))
         plan = make_plan(mode, stats)
+        for file_stats in stats:  # shards keep their format: bytes shared by tensors are written once
+            check_tied(file_stats, plan.work[file_stats.path], mode.name)
         if journal is not None and resumed is None:
             write_journal(journal, tensor_set, mode, options, stats, plan)
             for f in files:  # a marker left by a run given up on (restored, journal removed) means nothing now

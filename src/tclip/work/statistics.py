@@ -42,6 +42,7 @@ class FileStats:
     metadata: dict[str, Any] = field(default_factory=dict)
     bytes_read: int = 0
     elapsed_s: float = 0.0
+    overlaps: list[tuple[str, str, bool]] = field(default_factory=list)  # tensors sharing bytes (tied)
 
     @property
     def selected(self) -> list[str]:
@@ -99,7 +100,7 @@ def _statistics(reader: TensorReader, selection: Selection, axes: object, track_
                                      track_moments=track_moments) for name, a in to_read.items()}
     size = os.stat(path).st_size
     result = FileStats(str(path), reader.format_name, size, entries, stats, list(reader.others),
-                       dict(reader.metadata))
+                       dict(reader.metadata), overlaps=[tuple(o) for o in reader.overlaps()])
     walks = [tensor_walk(reader, name, axes=stats[name].axes) for name in to_read]
 
     def work(block: Block, scratch: Scratch) -> list[tuple]:
