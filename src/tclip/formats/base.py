@@ -196,6 +196,11 @@ class TensorReader(ABC):
         """Whether :meth:`read_flat` of this tensor may run on several threads at once."""
         return self.region(name) is not None
 
+    def shared_storage(self) -> list[tuple[str, ...]]:
+        """Groups of tensors stored in one buffer of the file (a PyTorch storage viewed by
+        several tensors: tied weights, slices of one buffer), for people. None elsewhere."""
+        return []
+
     def overlaps(self) -> list[tuple[str, str, bool]]:
         """Pairs ``(first, second, same_view)`` of tensors whose data share bytes of the file
         (tied weights and views of one buffer in a PyTorch file): rewriting the file in its

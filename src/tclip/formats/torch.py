@@ -14,7 +14,7 @@ the storage's bytes, which sit uncompressed in the file. So:
 - the tensors' names are the saved object's keys joined with dots; what is not a
   tensor (``step``, ``lr``, a config) is listed as such and kept unchanged;
 - tensors viewing one storage (tied weights, slices of one buffer) are known:
-  :meth:`TorchReader.shared_storages` and :meth:`TorchReader.overlaps`.
+  :meth:`TorchReader.shared_storage` and :meth:`TorchReader.overlaps`.
 
 Writing is a rewrite of the same file only (:class:`TorchWriter`): the output starts
 as a byte copy of the source without the bytes that will be rewritten, and the
@@ -209,7 +209,7 @@ class TorchReader(TensorReader):
 
     # ----------------------------------------------------------------------- storages
 
-    def shared_storages(self) -> list[tuple[str, ...]]:
+    def shared_storage(self) -> list[tuple[str, ...]]:
         """The names viewing each storage that more than one tensor views, in file order."""
         return list(self.archive.shared.values())
 
@@ -443,7 +443,7 @@ class TorchWriter(TensorWriter):
         like = self.like
         keys = {like.views[n].storage.key for n in self.rewritten}
         try:
-            with zipfile.ZipFile(os.fdopen(os.dup(like._fd), "rb")) as archive:
+            with os.fdopen(os.dup(like._fd), "rb") as handle, zipfile.ZipFile(handle) as archive:
                 infos = archive.infolist()
                 entries = _directory_entries(like._fd, archive.start_dir, len(infos))
         except (zipfile.BadZipFile, ValueError, struct.error, OSError) as error:

@@ -141,4 +141,5 @@ def file_info(path: Path | str) -> InfoReport:
         tensors = [InfoTensor(t.name, list(t.shape), t.dtype, t.nbytes, dict(t.attrs), t.refused, t.dtype_label)
                    for t in reader.tensors.values()]
         others = [OtherReport.of(o) for o in reader.others]
-        return InfoReport(str(path), reader.format_name, path.stat().st_size, tensors, dict(reader.metadata), others)
+        return InfoReport(str(path), reader.format_name, path.stat().st_size, tensors, dict(reader.metadata), others,
+                          [list(names) for names in reader.shared_storage()])

@@ -301,6 +301,7 @@ class InfoReport:
     tensors: list[InfoTensor]
     metadata: dict[str, Any]
     others: list[OtherReport] = field(default_factory=list)
+    shared: list[list[str]] = field(default_factory=list)  # tensors stored in one buffer (tied weights)
 
     def dtype_texts(self) -> list[str]:
         """Each tensor's dtype as shown (one name per distinct dtype: a header can list a million tensors)."""
@@ -341,4 +342,6 @@ class InfoReport:
         }
         if self.others:
             data["not_tensors"] = json_safe([asdict(o) for o in self.others])
+        if self.shared:
+            data["shared_storage"] = [list(names) for names in self.shared]
         return data
