@@ -9,7 +9,7 @@ Only the tests that load outputs back with torch itself need it installed.
 from __future__ import annotations
 
 import json
-import os
+import math
 import shutil
 import struct
 import subprocess
@@ -24,12 +24,15 @@ import numpy as np
 import pytest
 import torch_helpers as th
 from click.testing import CliRunner
+from hypothesis import given
+from hypothesis import strategies as st
 
 import tclip
 from tclip.cli import cli
 from tclip.formats import open_reader, registry
 from tclip.formats import torch as torch_format
 from tclip.formats._torch_archive import load_torch_archive
+from tclip.formats._torch_pickle import StorageRef, TensorRef
 
 FIXTURES = Path(__file__).parent / "fixtures" / "torch"
 EXPECTED = json.loads((FIXTURES / "expected.json").read_text())
@@ -202,13 +205,36 @@ def test_views_of_a_big_storage_are_read_in_bounded_pieces(tmp_path, monkeypatch
                 reads.clear()
                 np.testing.assert_array_equal(reader.read_flat(name, start, stop), flat[start:stop])
                 if reader.region(name) is None:
-                    assert max(reads) <= max(2 * 4 * (stop - start), 64 << 10), name
+                    assert max(reads) <= max(2 * 4 * (stop - start), torch_format._SMALL_READ), name
         tracemalloc.start()
         column = reader.read_flat("column", 0, grid.shape[0])  # 2 kB of values over a 2 MiB storage
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
         np.testing.assert_array_equal(column, grid[:, 7])
-        assert peak < 256 << 10
+        assert peak < 2 * torch_format._SMALL_READ
+
+
+@given(st.data())
+def test_pieces_cover_a_block_once_and_each_is_one_bounded_read(data):
+    ndim = data.draw(st.integers(1, 3))
+    shape = tuple(data.draw(st.lists(st.integers(1, 8), min_size=ndim, max_size=ndim)))
+    stride = tuple(data.draw(st.lists(st.integers(0, 300), min_size=ndim, max_size=ndim)))
+    offset = data.draw(st.integers(0, 4))
+    lo = tuple(data.draw(st.integers(0, n - 1)) for n in shape)
+    extent = tuple(data.draw(st.integers(1, n - a)) for n, a in zip(shape, lo))
+    small = data.draw(st.sampled_from([4, 64, 1024]))
+    ref = TensorRef(StorageRef("0", np.dtype("<f4"), 1 << 20, "cpu", "FloatStorage"), np.dtype("<f4"), offset,
+                    shape, stride)
+    seen = np.zeros(extent, int)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch_format, "_SMALL_READ", small * 4)
+        for index, first, span in torch_format._pieces(torch_format.View(ref, None, False), lo, extent):
+            sizes = [s.stop - s.start for s in index]
+            seen[index] += 1
+            assert span == sum((n - 1) * d for n, d in zip(sizes, stride)) + 1
+            assert span <= 2 * math.prod(sizes) or span <= small
+            assert first == offset + sum((a + s.start) * d for a, s, d in zip(lo, index, stride))
+    assert (seen == 1).all()
 
 
 def test_a_negative_view_reads_negated_and_is_written_back_negated(tmp_path):
@@ -356,7 +382,8 @@ def test_norm_rewrites_only_the_storages_and_keeps_the_zip(tmp_path):
 
 
 @pytest.mark.parametrize("args", [["global", "--clip", "0.5"], ["average", "--clip", "0.01"],
-                                  ["value", "--min", "-0.1", "--max", "0.1"], ["norm", "--clip", "0.3", "--axes", "-1"]],
+                                  ["value", "--min", "-0.1", "--max", "0.1"],
+                                  ["norm", "--clip", "0.3", "--axes", "-1"]],
                          ids=["global", "average", "value", "norm-axes"])
 def test_every_mode_on_a_training_checkpoint(tmp_path, args):
     source = copy(tmp_path, "checkpoint.pt")
@@ -383,7 +410,8 @@ def test_every_mode_on_a_training_checkpoint(tmp_path, args):
 def test_tied_weights_are_scaled_once_and_stay_one_storage(tmp_path):
     embed = RNG.standard_normal((6, 4)).astype(np.float32)
     path = th.save(tmp_path / "tied.pt", {"0": embed.reshape(-1), "1": np.full(4, 3, np.float32)},
-                   {"model.embed_tokens.weight": th.contiguous("0", (6, 4)), "lm_head.weight": th.contiguous("0", (6, 4)),
+                   {"model.embed_tokens.weight": th.contiguous("0", (6, 4)),
+                    "lm_head.weight": th.contiguous("0", (6, 4)),
                     "model.norm.weight": th.contiguous("1", (4,))})
     ok("norm", "--clip", "1", path)
     output = tmp_path / "tied.clipped.pt"
@@ -490,7 +518,8 @@ def test_in_place_dry_run_and_an_existing_output(tmp_path):
     assert source.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["single.pt"]
     ok("norm", "--clip", "0.5", "--in-place", source)
     assert len(source.read_bytes()) == len(before) and source.read_bytes() != before
-    np.testing.assert_array_equal(read_values(source)["single"], tclip.clip_by_norm(original("single.pt", "single"), 0.5))
+    want = tclip.clip_by_norm(original("single.pt", "single"), 0.5)
+    np.testing.assert_array_equal(read_values(source)["single"], want)
     ok("norm", "--clip", "0.1", source)
     again = run("norm", "--clip", "0.1", source)
     assert again.exit_code == 1 and "output already exists" in again.stderr

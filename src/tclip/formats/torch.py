@@ -9,7 +9,7 @@ the storage's bytes, which sit uncompressed in the file. So:
   with ``pread`` from any thread, as safetensors tensors are;
 - any other view (a transposed weight, a slice with gaps, a column, a broadcast
   view) is gathered from its storage piece by piece: each piece is one ``pread``
-  of at most twice the elements it yields (or 64 KiB), cut up with NumPy strides,
+  of at most twice the elements it yields (or 1 MiB), cut up with NumPy strides,
   so a view over a huge storage never reads or holds more than its block's worth;
 - the tensors' names are the saved object's keys joined with dots; what is not a
   tensor (``step``, ``lr``, a config) is listed as such and kept unchanged;
@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..core.units import Index, flat_rectangles
-from ..errors import FormatError, TclipError, UnsupportedError
+from ..errors import FormatError, UnsupportedError
 from ._blocks import contiguous_span, normalize_index
 from ._io import as_bytes, copy_except, pread_into, pwrite_all
 from ._torch_archive import NonTensor, StorageInfo, TorchArchive, load_torch_archive, sniff_torch
@@ -66,7 +66,7 @@ _LOCAL_HEADER = struct.Struct("<4s5H3L2H")
 
 # A gathered piece is one pread of at most twice the elements it yields, or of at most
 # this many bytes: below it, reading a gap costs less than another system call.
-_SMALL_READ = 64 << 10
+_SMALL_READ = 1 << 20
 _CHUNK = 8 << 20  # bytes read at once when CRCs are computed from the output
 
 
@@ -129,35 +129,44 @@ def _view_of(archive: TorchArchive, name: str) -> View:
 def _pieces(view: View, lo: tuple[int, ...], extent: tuple[int, ...]) -> Iterator[tuple[Index, int, int]]:
     """Cover the block ``lo + [0, extent)`` of a view with pieces, each readable by one pread.
 
-    Yields ``(index within the block, first storage element, span in elements)``;
-    a piece spans at most twice its elements, or at most :data:`_SMALL_READ` bytes.
-    Pieces are halved along their axis of the largest stride, so a transposed view
-    becomes runs of its storage's rows and a column becomes small reads.
+    Yields ``(index within the block, first storage element, span in elements)``, in
+    storage order for views with positive strides. A piece spans at most twice its
+    elements, or at most :data:`_SMALL_READ` bytes (reading a gap is cheaper than a
+    system call). A block too sparse for one piece is cut along its axis of the
+    largest stride into runs of as many indices as fit, and so on inwards: a
+    transposed view becomes groups of its storage's rows, a column small reads.
     """
     ref = view.ref
-    itemsize, stride = ref.dtype.itemsize, ref.stride
-    small = max(1, _SMALL_READ // itemsize)
-    pending: list[tuple[tuple[int, ...], tuple[int, ...]]] = [(tuple(0 for _ in extent), extent)]
-    while pending:
-        start, sizes = pending.pop()
+    stride = ref.stride
+    small = max(1, _SMALL_READ // ref.dtype.itemsize)
+
+    def cover(start: tuple[int, ...], sizes: tuple[int, ...]) -> Iterator[tuple[Index, int, int]]:
         count = math.prod(sizes)
         if count == 0:
-            continue
-        first = ref.offset + sum((a + b) * s for a, b, s in zip(lo, start, stride))
+            return
         span = sum((n - 1) * s for n, s in zip(sizes, stride)) + 1
         if span <= 2 * count or span <= small:
+            first = ref.offset + sum((a + b) * s for a, b, s in zip(lo, start, stride))
             yield tuple(slice(a, a + n) for a, n in zip(start, sizes)), first, span
-            continue
+            return
         axis = max((i for i, n in enumerate(sizes) if n > 1), key=lambda i: (stride[i], -i))
-        half = sizes[axis] // 2
-        second = list(start)
-        second[axis] += half
-        rest = list(sizes)
-        rest[axis] -= half
-        head = list(sizes)
-        head[axis] = half
-        pending.append((tuple(second), tuple(rest)))  # popped after the first half: file order
-        pending.append((start, tuple(head)))
+        step, inner = stride[axis], span - (sizes[axis] - 1) * stride[axis]
+        inner_count = count // sizes[axis]
+        # The most indices k along the axis whose piece fits: (k-1)*step + inner elements
+        # within the small read, or within 2*k*inner_count (possible for some k only when
+        # the axis is sparser than that: step > 2*inner_count). A piece of one index is
+        # cut further along its other axes.
+        fits = (small - inner) // step + 1 if inner <= small else 0
+        if step > 2 * inner_count and step >= inner:
+            fits = max(fits, (step - inner) // (step - 2 * inner_count))
+        k = max(1, min(fits, sizes[axis] // 2))  # the whole block did not fit: cut it
+        for first_index in range(0, sizes[axis], k):
+            piece_start, piece_sizes = list(start), list(sizes)
+            piece_start[axis] += first_index
+            piece_sizes[axis] = min(k, sizes[axis] - first_index)
+            yield from cover(tuple(piece_start), tuple(piece_sizes))
+
+    return cover(tuple(0 for _ in extent), extent)
 
 
 def _strided(buffer: np.ndarray, ref: TensorRef, sizes: tuple[int, ...], writeable: bool = False) -> np.ndarray:
