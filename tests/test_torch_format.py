@@ -464,6 +464,28 @@ def test_disjoint_views_of_one_storage_take_their_own_factors(tmp_path):
     np.testing.assert_array_equal(got["attn.q"], tclip.clip_by_norm(original("views.pt", "attn.q"), 3.0))
 
 
+def test_interleaved_views_share_a_storage_but_no_element(tmp_path):
+    values = np.arange(1, 17, dtype=np.float32)
+    path = th.save(tmp_path / "i.pt", {"0": values}, {"even": th.View("0", 0, (8,), (2,)),
+                                                     "odd": th.View("0", 1, (8,), (2,))})
+    with open_reader(path) as reader:
+        assert reader.shared_storage() == [("even", "odd")] and reader.overlaps() == []
+    ok("norm", "--clip", "10", path)
+    got = read_values(tmp_path / "i.clipped.pt")
+    np.testing.assert_array_equal(got["even"], tclip.clip_by_norm(values[::2], 10.0))
+    np.testing.assert_array_equal(got["odd"], tclip.clip_by_norm(values[1::2], 10.0))
+
+
+def test_too_many_overlapping_views_of_one_storage_are_refused(tmp_path):
+    views = {f"v{i}": th.View("0", i, (1000,), (1,)) for i in range(500)}  # 124,750 overlapping pairs
+    path = th.save(tmp_path / "many.pt", {"0": np.zeros(2000, np.float32)}, views)
+    assert run("info", path).exit_code == 0
+    result = run("report", path)
+    assert result.exit_code == 1
+    assert result.stderr == (f"Error: {path}: more than 100000 pairs of views of one storage overlap; tclip refuses "
+                             "such a file\n")
+
+
 def test_value_clip_of_overlapping_views_is_one_clip_per_element(tmp_path):
     source = copy(tmp_path, "views.pt")
     ok("value", "--min", "-0.5", "--max", "20", source)

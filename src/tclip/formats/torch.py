@@ -324,7 +324,7 @@ class TorchReader(TensorReader):
         return _plain_value(self._values[name], limit) if name in self._values else None
 
 
-_MAX_OVERLAP_CHECKS = 1_000_000
+_MAX_OVERLAP_CHECKS = 100_000  # about a second of exact checks
 
 
 def _elements_meet(a: View, b: View) -> bool:
@@ -412,7 +412,8 @@ class TorchWriter(TensorWriter):
                  like: TorchReader, rewritten: Collection[str] | None) -> None:
         super().__init__(target, tensors, output)
         self.like = like
-        names = list(like.tensors) if rewritten is None else [n for n in like.tensors if n in set(rewritten)]
+        chosen = None if rewritten is None else set(rewritten)
+        names = [n for n in like.tensors if chosen is None or n in chosen]
         self.rewritten = set(names)
         # Identical views are written once, by the first: the others' writes carry the same bytes.
         first_of: dict[tuple[Any, ...], str] = {}
