@@ -142,8 +142,11 @@ def test_a_folder_picks_up_bin_files_only_when_torch_wrote_them(tmp_path):
     result = ok("report", "--json", tmp_path)
     files = [Path(json.loads(line)["file"]).name for line in result.stdout.splitlines()]
     assert files == ["grads.npz", "pytorch_model.bin"]
-    named = run("report", tmp_path / "tokenizer.bin")  # named outright, it is read as its suffix says
-    assert named.exit_code == 1 and named.stderr.startswith("Error: ") and "not a PyTorch file" in named.stderr
+    named = run("report", tmp_path / "tokenizer.bin")
+    assert named.exit_code == 1 and named.stderr.startswith("Error: ")
+    assert "not a tensor file tclip knows" in named.stderr
+    (tmp_path / "other.pt").write_bytes(bytes(range(256)) * 4)  # a .pt is taken for one whatever it holds
+    assert "not a PyTorch file (neither the zip format" in run("report", tmp_path / "other.pt").stderr
 
 
 # --------------------------------------------------------------------------- reading

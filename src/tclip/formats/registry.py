@@ -168,8 +168,8 @@ def detect_format(path: Path) -> str:
         raise TclipError("permission denied", path) from None
     except OSError as error:
         raise TclipError(f"cannot read ({error.strerror or error})", path) from None
-    if found is None:
-        found = format_for_suffix(path)
+    if found is None and Path(path).suffix.lower() not in content_suffixes():
+        found = format_for_suffix(path)  # (a .bin no sniff claims is not taken for a PyTorch file)
     if found is None:
         known = ", ".join("/".join(m.SUFFIXES) for m in FORMATS)
         raise FormatError(f"not a tensor file tclip knows ({known})", path)
