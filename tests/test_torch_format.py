@@ -42,7 +42,6 @@ READABLE = [name for name in EXPECTED if name != "refused"]
 REFUSED = sorted(EXPECTED["refused"])
 HF_SET = FIXTURES / "hf_set"
 BF16 = np.dtype(ml_dtypes.bfloat16)
-RNG = np.random.default_rng(17)
 
 
 def run(*args, **kwargs):
@@ -180,7 +179,7 @@ def test_dense_views_are_one_run_of_the_file_and_the_others_are_gathered():
 
 
 def big_views(tmp_path: Path, rows: int = 512, cols: int = 1024) -> tuple[Path, np.ndarray]:
-    base = RNG.standard_normal(rows * cols).astype(np.float32)
+    base = np.random.default_rng(1).standard_normal(rows * cols).astype(np.float32)
     views = {
         "grid": th.contiguous("0", (rows, cols)),
         "grid_t": th.View("0", 0, (cols, rows), (1, cols)),
@@ -271,16 +270,17 @@ def test_a_big_endian_file_is_read_and_rewritten_big_endian(tmp_path):
 # --------------------------------------------------------------------------- info and report
 
 
-def test_info_lists_tensors_values_and_storages_at_80_columns():
-    result = run("info", FIXTURES / "views.pt", FIXTURES / "checkpoint.pt", env={"COLUMNS": "80"})
+def test_info_lists_tensors_values_and_storages():
+    result = run("info", FIXTURES / "views.pt", FIXTURES / "checkpoint.pt")
     assert result.exit_code == 0, result.stderr
     out = result.stdout
     assert "views.pt  (pytorch, 3.4 kB)" in out
     assert "one storage: embed.weight, lm_head.weight" in out
     assert "one storage: base, base_t, base_slice, base_row, base_col" in out
     assert "optimizer.state.0.exp_avg_sq" in out
-    assert "step  int     (value 5)" in out and "config.dtype  dtype     (value torch.bfloat16)" in out
-    assert max(len(line) for line in out.splitlines()) <= 80 or "not tensors" in out
+    lines = [line.split(maxsplit=2) for line in out.splitlines()]
+    assert ["step", "int", "(value 5)"] in lines
+    assert ["config.dtype", "dtype", "(value torch.bfloat16)"] in lines
 
 
 def test_info_json_gives_each_view_its_storage_offset_and_stride():
@@ -327,8 +327,9 @@ def test_report_axes_stats_and_the_gate(tmp_path):
 
 
 def test_report_summary_across_steps_saved_by_torch_save(tmp_path):
+    rng = np.random.default_rng(2)
     for step in (100, 200, 300, 400):
-        grads = {f"model.layers.{i}.self_attn.q_proj.weight": RNG.standard_normal((8, 8)).astype(np.float32)
+        grads = {f"model.layers.{i}.self_attn.q_proj.weight": rng.standard_normal((8, 8)).astype(np.float32)
                  for i in range(3)}
         if step == 300:
             grads["model.layers.1.self_attn.q_proj.weight"][2, 2] = np.nan
@@ -411,7 +412,7 @@ def test_every_mode_on_a_training_checkpoint(tmp_path, args):
 
 
 def test_tied_weights_are_scaled_once_and_stay_one_storage(tmp_path):
-    embed = RNG.standard_normal((6, 4)).astype(np.float32)
+    embed = np.random.default_rng(3).standard_normal((6, 4)).astype(np.float32)
     path = th.save(tmp_path / "tied.pt", {"0": embed.reshape(-1), "1": np.full(4, 3, np.float32)},
                    {"model.embed_tokens.weight": th.contiguous("0", (6, 4)),
                     "lm_head.weight": th.contiguous("0", (6, 4)),
