@@ -283,15 +283,15 @@ def test_info_lists_tensors_values_and_storages():
     assert ["config.dtype", "dtype", "(value torch.bfloat16)"] in lines
 
 
-def test_info_json_gives_each_view_its_storage_offset_and_stride():
+def test_info_json_lists_the_tensors_sharing_a_storage():
     info = json.loads(ok("info", "--json", FIXTURES / "views.pt").stdout)
-    tensors = {t["name"]: t for t in info["tensors"]}
-    expected = EXPECTED["views.pt"]["tensors"]
-    for name, t in tensors.items():
-        assert t["attrs"]["stride"] == expected[name]["stride"]
-        assert t["attrs"]["storage_offset"] == expected[name]["offset"]
-    assert tensors["embed.weight"]["attrs"]["shares_storage_with"] == ["lm_head.weight"]
     assert sorted(map(sorted, info["shared_storage"])) == sorted(map(sorted, EXPECTED["views.pt"]["shared"]))
+    assert all(t["attrs"] == {} for t in info["tensors"])  # layout is no attribute: diff compares those
+
+
+def test_the_same_tensors_saved_in_two_layouts_are_equal_for_diff():
+    result = run("diff", FIXTURES / "legacy.pt", FIXTURES / "views.pt")  # other storage keys and formats
+    assert result.exit_code == 0, result.stdout
 
 
 def test_info_reads_the_pickle_and_directory_only(tmp_path):

@@ -192,24 +192,14 @@ class TorchReader(TensorReader):
             self.views = {name: _view_of(self.archive, name) for name in self.archive.tensors}
             for name, view in self.views.items():
                 ref = view.ref
-                self.tensors[name] = TensorInfo(name, ref.shape, ref.dtype, attrs=self._attrs(name, view))
+                # (no attrs: strides, offsets and storage keys are layout, which diff must not
+                # report as differences between two saves of the same tensors)
+                self.tensors[name] = TensorInfo(name, ref.shape, ref.dtype)
             self.others = [_other(leaf) for leaf in self.archive.others]
             self._values = {leaf.name: leaf.value for leaf in self.archive.others}
         except BaseException:
             os.close(self._fd)
             raise
-
-    def _attrs(self, name: str, view: View) -> dict[str, Any]:
-        ref = view.ref
-        attrs: dict[str, Any] = {"storage": ref.storage.key, "storage_offset": ref.offset, "stride": list(ref.stride)}
-        shared = self.archive.shared.get(ref.storage.key)
-        if shared:
-            attrs["shares_storage_with"] = [n for n in shared if n != name]
-        if ref.parameter:
-            attrs["parameter"] = True
-        if ref.requires_grad:
-            attrs["requires_grad"] = True
-        return attrs
 
     def close(self) -> None:
         if self._fd >= 0:
