@@ -1,0 +1,437 @@
+"""Codes times scales: the arithmetic of weights stored as quantized codes plus scale tensors. No files.
+
+A weight of logical shape ``[..., R, C]`` is stored as *codes* (one byte per
+element, or two 4-bit codes per byte, low nibble first) and a *block scale*
+tensor ``S`` of shape ``[..., ceil(R / bh), ceil(C / bw)]``, optionally with one
+*global* scalar ``g`` that multiplies or divides::
+
+    W[..., i, j] = value(code[..., i, j]) * S[..., i // bh, j // bw]   (* g, or / g)
+
+That one form covers every convention tclip reads (see README, "Quantized
+checkpoints"): 128x128 blocks (DeepSeek), one scale per tensor (``bh = R``,
+``bw = C``), per row (``bh = 1``, ``bw = C``), per group of 16 or 32 along a row
+(NVFP4, MXFP4).
+
+Statistics in closed form
+-------------------------
+``||W||^2 = g^2 * sum_blocks S_b^2 * sum_{i in b} value_i^2``. The code squares are
+summed per row and block first. For E4M3 and E2M1 codes those sums are exact in
+float64 (every square is a multiple of 2**-18 below 2**17.7, and a block holds at
+most 2**16 of them; E2M1 squares are multiples of 1/4); the product with the
+squared scale (exact for scales of up to 26 significant bits) is rounded once,
+the products are summed per row, then per unit. No dequantized copy is made for
+the norm; extremes come from per-block code extremes times the scale. A unit
+holding a NaN/Inf (a NaN code, a NaN or infinite scale) is dequantized instead,
+so the counts and extremes are those of its real values.
+
+Rescaling
+---------
+Multiplying a weight by ``f`` is multiplying its scales: :func:`round_product`
+rounds each exact product ``s * f`` once to the scale's dtype (to nearest, ties
+to even); E8M0 scales (powers of two) take only ``f = 2**k`` and add ``k`` to the
+exponent byte (:func:`shift_e8m0`), exactly.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+import ml_dtypes
+import numpy as np
+
+# --------------------------------------------------------------------------- element formats
+
+E2M1_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+                        -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], np.float64)
+
+
+@dataclass(frozen=True)
+class CodeFormat:
+    """How codes are stored: ``per_byte`` elements per byte (2: 4-bit codes, element
+    ``2k`` in the low nibble) and ``name`` (``e4m3fn``, ``e5m2``, ``e4m3fnuz``,
+    ``e5m2fnuz``, ``int8``, ``e2m1``)."""
+
+    name: str
+    per_byte: int
+
+    @property
+    def label(self) -> str:
+        return {"e4m3fn": "e4m3", "e2m1": "fp4"}.get(self.name, self.name)
+
+    def bytes_for(self, elements: int) -> int:
+        return elements // self.per_byte
+
+
+CODE_FORMATS = {name: CodeFormat(name, 2 if name == "e2m1" else 1)
+                for name in ("e4m3fn", "e5m2", "e4m3fnuz", "e5m2fnuz", "int8", "e2m1")}
+
+_ML_CODES = {"e4m3fn": "float8_e4m3fn", "e5m2": "float8_e5m2", "e4m3fnuz": "float8_e4m3fnuz",
+             "e5m2fnuz": "float8_e5m2fnuz"}
+
+
+@functools.cache
+def byte_values(fmt: CodeFormat) -> np.ndarray:
+    """float64 values of each byte's elements: shape ``[256, per_byte]`` (NaN codes are NaN)."""
+    byte = np.arange(256, dtype=np.uint8)
+    if fmt.name == "e2m1":
+        return np.stack([E2M1_VALUES[byte & 0x0F], E2M1_VALUES[byte >> 4]], axis=1)
+    if fmt.name == "int8":
+        return byte.view(np.int8).astype(np.float64)[:, None]
+    with np.errstate(invalid="ignore"):
+        return byte.view(getattr(ml_dtypes, _ML_CODES[fmt.name])).astype(np.float64)[:, None]
+
+
+@functools.cache
+def _square_table(fmt: CodeFormat) -> tuple[np.ndarray, int]:
+    """(table, elements per index): the sum of the squares of the elements an index holds.
+
+    One-byte codes are looked up two at a time (a uint16 index: half the lookups and
+    additions, measured 2.5x faster than one byte at a time); 4-bit codes a byte at a time.
+    """
+    values = byte_values(fmt)
+    with np.errstate(invalid="ignore", over="ignore"):
+        squares = np.sum(values * values, axis=1)
+    if fmt.per_byte == 2:
+        return squares, 2
+    low, high = (squares[None, :], squares[:, None]) if np.little_endian else (squares[:, None], squares[None, :])
+    return (low + high).reshape(-1), 2
+
+
+@functools.cache
+def _extreme_tables(fmt: CodeFormat) -> tuple[np.ndarray, np.ndarray]:
+    """Largest and smallest value each byte holds (NaN where one of them is NaN)."""
+    values = byte_values(fmt)
+    with np.errstate(invalid="ignore"):
+        return values.max(axis=1), values.min(axis=1)
+
+
+# --------------------------------------------------------------------------- scales
+
+
+def e8m0_values(raw: np.ndarray) -> np.ndarray:
+    """E8M0 bytes as float64 powers of two, ``2**(byte - 127)``; byte 0xFF is NaN."""
+    raw = np.asarray(raw).view(np.uint8)
+    return _E8M0_TABLE[raw]
+
+
+_E8M0_TABLE = np.where(np.arange(256) == 255, np.nan, np.ldexp(1.0, np.arange(256) - 127))
+
+
+def scale_values(raw: np.ndarray, e8m0: bool) -> np.ndarray:
+    """A scale tensor's stored elements as float64 values (exact for every float dtype)."""
+    if e8m0:
+        return e8m0_values(raw)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.asarray(raw).astype(np.float64)
+
+
+def is_power_of_two(factor: float) -> bool:
+    return math.isfinite(factor) and factor > 0 and math.frexp(factor)[0] == 0.5
+
+
+def shift_e8m0(raw: np.ndarray, factor: float) -> np.ndarray:
+    """E8M0 bytes of ``value * factor`` for ``factor = 2**k``: each byte plus ``k``, exactly
+    (NaN bytes stay NaN). Raises ValueError when a byte would leave 0..254."""
+    if not is_power_of_two(factor):
+        raise ValueError(f"factor {factor!r} is not a power of two")
+    k = math.frexp(factor)[1] - 1
+    raw = np.asarray(raw).view(np.uint8)
+    shifted = raw.astype(np.int16) + k
+    nan = raw == 0xFF
+    if np.any(((shifted < 0) | (shifted > 254)) & ~nan):
+        raise ValueError(f"factor 2**{k} takes an E8M0 scale out of its range 2**-127..2**127")
+    return np.where(nan, 0xFF, shifted).astype(np.uint8)
+
+
+def round_product(values: np.ndarray, factor: float | np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``values * factor`` (float64 values of ``dtype``) rounded once to ``dtype`` from the exact
+    product, to nearest with ties to even.
+
+    The float64 product is rounded already, so rounding it again to ``dtype`` is wrong
+    only where it lands exactly halfway between two ``dtype`` values: those few products
+    are settled exactly (with fractions).
+    """
+    dtype = np.dtype(dtype)
+    values = np.asarray(values, np.float64)
+    factor_array = np.broadcast_to(np.asarray(factor, np.float64), values.shape)
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        product = values * factor_array
+        result = _round_to(product, dtype)
+        if dtype == np.float64:
+            return result
+        back = result.astype(np.float64)
+        other = _neighbour(result, product, dtype).astype(np.float64)
+        tie = np.isfinite(product) & (back != product) & (np.abs(product - back) == np.abs(other - product))
+    for at in zip(*np.nonzero(tie)):
+        exact = Fraction(float(values[at])) * Fraction(float(factor_array[at]))
+        midpoint = Fraction(float(product[at]))
+        if exact != midpoint and (exact > midpoint) == (float(other[at]) > float(back[at])):
+            result[at] = _neighbour(result[at], np.asarray(product[at]), dtype)
+    return result
+
+
+def round_quotient(value: float, divisor: float, dtype: np.dtype) -> np.generic:
+    """``value / divisor`` rounded once to ``dtype`` from the exact quotient (a scalar)."""
+    exact = Fraction(value) / Fraction(divisor)
+    return _round_fraction(exact, np.dtype(dtype))
+
+
+def _round_fraction(exact: Fraction, dtype: np.dtype) -> np.generic:
+    guess = _round_to(np.asarray([float(exact)]), dtype)
+    candidates = [guess, _neighbour(guess, np.array([math.inf]), dtype), _neighbour(guess, np.array([-math.inf]), dtype)]
+    finite = [c for c in candidates if math.isfinite(float(c[0]))]
+    best = min(finite, key=lambda c: (abs(Fraction(float(c[0])) - exact), _odd(c)))
+    return best[0]
+
+
+def _odd(value: np.ndarray) -> int:
+    return int(value.view(f"u{value.dtype.itemsize}")[0]) & 1
+
+
+def _round_to(product: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    if dtype == ml_dtypes.bfloat16:
+        from .kernels import narrow_into
+
+        out = np.empty(np.shape(product), dtype)
+        narrow_into(np.ascontiguousarray(product, np.float64), out)
+        return out
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.asarray(product).astype(dtype)
+
+
+def _neighbour(result: np.ndarray, toward: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Per element, the ``dtype`` value next to ``result`` on the side of ``toward``."""
+    result = np.asarray(result, dtype)
+    up = np.asarray(toward, np.float64) > result.astype(np.float64)
+    if dtype in (np.float16, np.float32, np.float64):
+        return np.nextafter(result, np.where(up, np.inf, -np.inf).astype(dtype))
+    width = 8 * dtype.itemsize
+    bits = result.view(f"u{dtype.itemsize}").astype(np.int64)
+    sign, magnitude = bits >> (width - 1), bits & ((1 << (width - 1)) - 1)
+    key = np.where(sign == 1, -magnitude, magnitude) + np.where(up, 1, -1)  # ordered: -0 and +0 alike
+    stepped = np.where(key < 0, (1 << (width - 1)) | -key, key)
+    return stepped.astype(f"u{dtype.itemsize}").view(dtype)
+
+
+# --------------------------------------------------------------------------- findings
+
+
+@dataclass
+class ScaleFindings:
+    """What the elements of one scale tensor (or one kind of scale field) held.
+
+    Attributes:
+        part: the stored tensor's name; ``shape``: the grid of its scales.
+        count: scales seen; ``nan``, ``inf``, ``zero``: how many were NaN, +-Inf, zero.
+        first_bad, first_zero: flat index (in ``shape``) of the first NaN/Inf scale
+            and of the first zero scale, -1 when there is none.
+        smallest, largest: the smallest and largest finite magnitude (inf/0 before any).
+    """
+
+    part: str
+    shape: tuple[int, ...]
+    count: int = 0
+    nan: int = 0
+    inf: int = 0
+    zero: int = 0
+    first_bad: int = -1
+    first_zero: int = -1
+    smallest: float = math.inf
+    largest: float = 0.0
+
+    def add(self, values: np.ndarray, first_index: int) -> None:
+        """Count the scales ``values`` (float64, flat) that start at ``first_index``."""
+        flat = np.asarray(values, np.float64).reshape(-1)
+        if not flat.size:
+            return
+        self.count += flat.size
+        magnitude = np.abs(flat)
+        finite = np.isfinite(magnitude)
+        if not finite.all():
+            bad = np.flatnonzero(~finite)
+            self.nan += int(np.count_nonzero(np.isnan(flat)))
+            self.inf += int(np.count_nonzero(np.isinf(flat)))
+            self.first_bad = _first(self.first_bad, first_index + int(bad[0]))
+        zeros = np.flatnonzero(magnitude == 0)
+        if zeros.size:
+            self.zero += int(zeros.size)
+            self.first_zero = _first(self.first_zero, first_index + int(zeros[0]))
+        usable = magnitude[finite & (magnitude > 0)]
+        if usable.size:
+            self.smallest = min(self.smallest, float(usable.min()))
+            self.largest = max(self.largest, float(usable.max()))
+
+    def merge(self, other: "ScaleFindings") -> None:
+        self.count += other.count
+        self.nan += other.nan
+        self.inf += other.inf
+        self.zero += other.zero
+        self.first_bad = _first(self.first_bad, other.first_bad)
+        self.first_zero = _first(self.first_zero, other.first_zero)
+        self.smallest = min(self.smallest, other.smallest)
+        self.largest = max(self.largest, other.largest)
+
+    def where(self, index: int) -> list[int]:
+        """A flat index of ``shape`` as a position."""
+        return [int(i) for i in np.unravel_index(index, self.shape)] if self.shape else []
+
+
+@dataclass
+class Findings:
+    """What a pass over an encoded tensor found in its stored parts (plain, picklable,
+    merged in any order: counts add, first positions take the smallest).
+
+    Attributes:
+        codes: the stored tensor of the codes (or of the blocks).
+        shape: the logical shape, in which ``first_bad_code`` is a flat index.
+        nan_codes, inf_codes: elements whose code itself is NaN (E4M3 0x7F/0xFF, ...) or +-Inf.
+        first_bad_code: flat index of the first such element, -1 when there is none.
+        scales: per scale tensor (or scale field), what its elements held.
+        global_value: the value of a global (per-tensor) scale, when the encoding has one.
+    """
+
+    codes: str
+    shape: tuple[int, ...]
+    nan_codes: int = 0
+    inf_codes: int = 0
+    first_bad_code: int = -1
+    scales: dict[str, ScaleFindings] = field(default_factory=dict)
+    global_value: float | None = None
+
+    def merge(self, other: "Findings | None") -> None:
+        if other is None:
+            return
+        self.nan_codes += other.nan_codes
+        self.inf_codes += other.inf_codes
+        self.first_bad_code = _first(self.first_bad_code, other.first_bad_code)
+        for name, found in other.scales.items():
+            if name in self.scales:
+                self.scales[name].merge(found)
+            else:
+                self.scales[name] = ScaleFindings(found.part, found.shape)
+                self.scales[name].merge(found)
+        if other.global_value is not None:
+            self.global_value = other.global_value
+
+    @property
+    def bad_scales(self) -> int:
+        return sum(s.nan + s.inf for s in self.scales.values())
+
+    @property
+    def zero_scales(self) -> int:
+        return sum(s.zero for s in self.scales.values())
+
+
+def _first(a: int, b: int) -> int:
+    if a < 0:
+        return b
+    if b < 0:
+        return a
+    return min(a, b)
+
+
+# --------------------------------------------------------------------------- per-unit kernels
+
+
+def _segments(width: int, offset: int, per_block: int) -> tuple[int, int, int] | None:
+    """(head, full blocks, tail) of a run of ``width`` items that starts ``offset`` items into
+    a block of ``per_block``; None when the run does not start on a block boundary."""
+    if offset % per_block:
+        return None
+    full = width // per_block
+    return 0, full, width - full * per_block
+
+
+def _block_reduce(ufunc: np.ufunc, items: np.ndarray, offset: int, per_block: int) -> np.ndarray:
+    """``ufunc``-reduce each row of ``items`` ([n, m]) per block of ``per_block`` items, the run
+    starting ``offset`` items into its first block: ``[n, blocks touched]``."""
+    n, m = items.shape
+    split = _segments(m, offset, per_block)
+    if split is not None:
+        _, full, tail = split
+        parts = []
+        if full:
+            parts.append(ufunc.reduce(items[:, :full * per_block].reshape(n, full, per_block), axis=2))
+        if tail:
+            parts.append(ufunc.reduce(items[:, full * per_block:], axis=1)[:, None])
+        return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
+    first = per_block - offset % per_block
+    bounds = [0] + list(range(first, m, per_block))
+    return ufunc.reduceat(items, bounds, axis=1)
+
+
+@dataclass
+class UnitCodes:
+    """The codes of one unit as rows: ``raw`` uint8 ``[n, bytes per row]`` for logical columns
+    ``[col0, col0 + width)`` of ``n`` consecutive rows, with ``scales`` float64 ``[n, blocks]``:
+    each row's scales of the column blocks ``col0 // bw ..`` it touches."""
+
+    fmt: CodeFormat
+    raw: np.ndarray
+    col0: int
+    width: int
+    bw: int
+    scales: np.ndarray
+
+
+def closed_form(unit: UnitCodes) -> tuple[np.ndarray, float, float]:
+    """Per row the sum of squares of the real values, and the largest and smallest value,
+    without dequantizing (see the module's docstring). Non-finite inputs give non-finite sums."""
+    fmt, raw = unit.fmt, unit.raw
+    n = raw.shape[0]
+    table, per_index = _square_table(fmt)
+    if fmt.per_byte == 1 and unit.width % 2 == 0 and unit.col0 % 2 == 0 and unit.bw % 2 == 0 \
+            and raw.flags.c_contiguous:
+        index = raw.view(np.uint16)  # two codes per lookup
+        items_per_block, offset = unit.bw // 2, (unit.col0 % unit.bw) // 2
+    elif fmt.per_byte == 2:
+        index, items_per_block, offset = raw, unit.bw // 2, (unit.col0 % unit.bw) // 2
+    else:
+        table, index = np.sum(byte_values(fmt) ** 2, axis=1), raw
+        items_per_block, offset = unit.bw, unit.col0 % unit.bw
+    squares = np.take(table, index, mode="clip")
+    code_sums = _block_reduce(np.add, squares, offset, items_per_block)
+    high_table, low_table = _extreme_tables(fmt)
+    bytes_per_block = unit.bw // fmt.per_byte
+    byte_offset = (unit.col0 % unit.bw) // fmt.per_byte
+    highs = _block_reduce(np.maximum, np.take(high_table, raw, mode="clip"), byte_offset, bytes_per_block)
+    lows = _block_reduce(np.minimum, np.take(low_table, raw, mode="clip"), byte_offset, bytes_per_block)
+    scales = unit.scales[:, :code_sums.shape[1]]
+    with np.errstate(invalid="ignore", over="ignore"):
+        row_sums = np.add.reduce(scales * scales * code_sums, axis=1)
+        one, other = scales * highs, scales * lows
+        largest = float(max(one.max(), other.max())) if n else -math.inf
+        smallest = float(min(one.min(), other.min())) if n else math.inf
+    return row_sums, largest, smallest
+
+
+def dequantize(unit: UnitCodes, out: np.ndarray | None = None) -> np.ndarray:
+    """The unit's real values (before any global scale) in float64, ``[n, width]``; exact:
+    every code times its scale is a float64 number."""
+    raw, fmt = unit.raw, unit.fmt
+    n = raw.shape[0]
+    values = np.take(byte_values(fmt), raw, axis=0, mode="clip").reshape(n, unit.width)
+    if out is not None:
+        out = out[:values.size].reshape(values.shape)
+        out[...] = values
+        values = out
+    first = unit.col0 // unit.bw
+    columns = np.arange(unit.col0, unit.col0 + unit.width) // unit.bw - first
+    with np.errstate(invalid="ignore", over="ignore"):
+        if unit.col0 % unit.bw == 0 and unit.width % unit.bw == 0:
+            blocks = unit.width // unit.bw
+            values.reshape(n, blocks, unit.bw)[...] *= unit.scales[:, :blocks, None]
+        else:
+            values *= unit.scales[:, columns]
+    return values
+
+
+def code_faults(unit: UnitCodes) -> tuple[int, int, int]:
+    """(NaN codes, infinite codes, flat index in the unit of the first of either, -1 if none)."""
+    values = np.take(byte_values(unit.fmt), unit.raw, axis=0, mode="clip").reshape(unit.raw.shape[0], unit.width)
+    nan, inf = np.isnan(values), np.isinf(values)
+    bad = np.flatnonzero(nan | inf)
+    return int(np.count_nonzero(nan)), int(np.count_nonzero(inf)), int(bad[0]) if bad.size else -1
