@@ -85,27 +85,45 @@ def byte_values(fmt: CodeFormat) -> np.ndarray:
 
 
 @functools.cache
-def _square_table(fmt: CodeFormat) -> tuple[np.ndarray, int]:
-    """(table, elements per index): the sum of the squares of the elements an index holds.
-
-    One-byte codes are looked up two at a time (a uint16 index: half the lookups and
-    additions, measured 2.5x faster than one byte at a time); 4-bit codes a byte at a time.
-    """
+def square_table(fmt: CodeFormat) -> np.ndarray:
+    """The sum of the squares of the codes a uint16 index holds (two one-byte codes, or four
+    4-bit ones): half or a quarter of the lookups of one code at a time (measured 2.5x faster
+    than a lookup per byte, whose uint8 indices NumPy first widens)."""
     values = byte_values(fmt)
     with np.errstate(invalid="ignore", over="ignore"):
         squares = np.sum(values * values, axis=1)
-    if fmt.per_byte == 2:
-        return squares, 2
     low, high = (squares[None, :], squares[:, None]) if np.little_endian else (squares[:, None], squares[None, :])
-    return (low + high).reshape(-1), 2
+    return (low + high).reshape(-1)
 
 
 @functools.cache
-def _extreme_tables(fmt: CodeFormat) -> tuple[np.ndarray, np.ndarray]:
-    """Largest and smallest value each byte holds (NaN where one of them is NaN)."""
-    values = byte_values(fmt)
-    with np.errstate(invalid="ignore"):
-        return values.max(axis=1), values.min(axis=1)
+def _key_values(fmt: CodeFormat) -> np.ndarray:
+    """The value of each order key (see :func:`_keys`), indexed by ``key + 128``."""
+    table = np.full(256, np.nan)
+    if fmt.per_byte == 2:
+        nibbles = np.arange(16)
+        table[_nibble_keys(nibbles.astype(np.uint8)).astype(np.int64) + 128] = E2M1_VALUES
+        return table
+    codes = np.arange(256, dtype=np.uint8)
+    table[_keys(fmt, codes).astype(np.int64) + 128] = byte_values(fmt)[:, 0]
+    return table
+
+
+def _keys(fmt: CodeFormat, raw: np.ndarray) -> np.ndarray:
+    """int8 keys in the order of the codes' values: sign-magnitude codes ``s|m`` become ``m``
+    or ``-1 - m``, integer codes are their own keys (a few byte operations, no lookup)."""
+    signed = raw.view(np.int8)
+    if fmt.name == "int8":
+        return signed
+    magnitude = np.bitwise_and(signed, np.int8(0x7F))
+    return np.bitwise_xor(magnitude, np.right_shift(signed, 7), out=magnitude)
+
+
+def _nibble_keys(raw: np.ndarray) -> np.ndarray:
+    """Order keys of 4-bit sign-magnitude codes (low nibbles of ``raw``)."""
+    magnitude = np.bitwise_and(raw, np.uint8(7)).view(np.int8)
+    sign = np.negative(np.right_shift(raw, 3).view(np.int8) & np.int8(1))
+    return np.bitwise_xor(magnitude, sign, out=magnitude)
 
 
 # --------------------------------------------------------------------------- scales
@@ -354,7 +372,14 @@ def _block_reduce(ufunc: np.ufunc, items: np.ndarray, offset: int, per_block: in
         _, full, tail = split
         parts = []
         if full:
-            parts.append(ufunc.reduce(items[:, :full * per_block].reshape(n, full, per_block), axis=2))
+            blocks = items[:, :full * per_block].reshape(n, full, per_block)
+            if per_block <= 32:  # a reduction along a short axis costs a loop per block: add columns instead
+                total = blocks[:, :, 0].copy()
+                for j in range(1, per_block):
+                    ufunc(total, blocks[:, :, j], out=total)
+                parts.append(total)
+            else:
+                parts.append(ufunc.reduce(blocks, axis=2))
         if tail:
             parts.append(ufunc.reduce(items[:, full * per_block:], axis=1)[:, None])
         return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
@@ -377,35 +402,75 @@ class UnitCodes:
     scales: np.ndarray
 
 
-def closed_form(unit: UnitCodes) -> tuple[np.ndarray, float, float]:
-    """Per row the sum of squares of the real values, and the largest and smallest value,
-    without dequantizing (see the module's docstring). Non-finite inputs give non-finite sums."""
+def closed_form(unit: UnitCodes, per_row: bool = False, out: np.ndarray | None = None
+                ) -> tuple[np.ndarray, float, float]:
+    """The sum of squares of the real values -- per row with ``per_row``, else per run of rows
+    sharing their scales -- and the largest and smallest value, without dequantizing (see
+    the module's docstring). Non-finite inputs give non-finite results. ``out``: a float64
+    buffer of at least half the unit's elements for the squares."""
     fmt, raw = unit.fmt, unit.raw
     n = raw.shape[0]
-    table, per_index = _square_table(fmt)
-    if fmt.per_byte == 1 and unit.width % 2 == 0 and unit.col0 % 2 == 0 and unit.bw % 2 == 0 \
-            and raw.flags.c_contiguous:
-        index = raw.view(np.uint16)  # two codes per lookup
-        items_per_block, offset = unit.bw // 2, (unit.col0 % unit.bw) // 2
-    elif fmt.per_byte == 2:
-        index, items_per_block, offset = raw, unit.bw // 2, (unit.col0 % unit.bw) // 2
+    elements_per_index = 2 * fmt.per_byte
+    if unit.width % elements_per_index or unit.col0 % elements_per_index or unit.bw % elements_per_index \
+            or not raw.flags.c_contiguous:
+        return _closed_form_slow(unit, per_row)
+    index = raw.view(np.uint16)
+    per_block, offset = unit.bw // elements_per_index, (unit.col0 % unit.bw) // elements_per_index
+    squares = np.take(square_table(fmt), index, mode="clip",
+                      out=None if out is None or out.size < index.size else out[:index.size].reshape(index.shape))
+    if fmt.per_byte == 2:
+        low, high = _nibble_keys(raw), _nibble_keys(np.right_shift(raw, 4))
+        key_high, key_low = np.maximum(low, high), np.minimum(low, high, out=low)
+        key_per_block, key_offset = unit.bw // 2, (unit.col0 % unit.bw) // 2
     else:
-        table, index = np.sum(byte_values(fmt) ** 2, axis=1), raw
-        items_per_block, offset = unit.bw, unit.col0 % unit.bw
-    squares = np.take(table, index, mode="clip")
-    code_sums = _block_reduce(np.add, squares, offset, items_per_block)
-    high_table, low_table = _extreme_tables(fmt)
-    bytes_per_block = unit.bw // fmt.per_byte
-    byte_offset = (unit.col0 % unit.bw) // fmt.per_byte
-    highs = _block_reduce(np.maximum, np.take(high_table, raw, mode="clip"), byte_offset, bytes_per_block)
-    lows = _block_reduce(np.minimum, np.take(low_table, raw, mode="clip"), byte_offset, bytes_per_block)
-    scales = unit.scales[:, :code_sums.shape[1]]
+        key_high = key_low = _keys(fmt, raw)
+        key_per_block, key_offset = unit.bw, unit.col0 % unit.bw
+    runs = [(0, n)] if per_row else _runs(unit.scales, n)
+    if per_row or len(runs) == n:  # a scale per row (or rows asked for): reduce each row's blocks
+        code_sums = _block_reduce(np.add, squares, offset, per_block)
+        highs = _block_reduce(np.maximum, key_high, key_offset, key_per_block)
+        lows = _block_reduce(np.minimum, key_low, key_offset, key_per_block)
+        scales = unit.scales[:, :code_sums.shape[1]]
+    else:  # rows that share their scales are added column by column first (cheap), then per block
+        parts = [(np.add.reduce(squares[a:b], axis=0)[None], np.maximum.reduce(key_high[a:b], axis=0)[None],
+                  np.minimum.reduce(key_low[a:b], axis=0)[None], a) for a, b in runs]
+        code_sums = np.concatenate([_block_reduce(np.add, p[0], offset, per_block) for p in parts])
+        highs = np.concatenate([_block_reduce(np.maximum, p[1], key_offset, key_per_block) for p in parts])
+        lows = np.concatenate([_block_reduce(np.minimum, p[2], key_offset, key_per_block) for p in parts])
+        scales = unit.scales[[p[3] for p in parts], :code_sums.shape[1]]
+    values = _key_values(fmt)
     with np.errstate(invalid="ignore", over="ignore"):
-        row_sums = np.add.reduce(scales * scales * code_sums, axis=1)
-        one, other = scales * highs, scales * lows
+        sums = np.add.reduce(scales * scales * code_sums, axis=1)
+        one = scales * values[highs.astype(np.int64) + 128]
+        other = scales * values[lows.astype(np.int64) + 128]
         largest = float(max(one.max(), other.max())) if n else -math.inf
         smallest = float(min(one.min(), other.min())) if n else math.inf
-    return row_sums, largest, smallest
+    return sums, largest, smallest
+
+
+def _runs(scales: np.ndarray, n: int) -> list[tuple[int, int]]:
+    """Runs of consecutive rows whose scales are the same row of the scale tensor (``scales`` are
+    per row, gathered: equal rows come from one band)."""
+    if n == 1:
+        return [(0, 1)]
+    same = np.all((scales[1:] == scales[:-1]) | (np.isnan(scales[1:]) & np.isnan(scales[:-1])), axis=1)
+    cuts = [0, *(np.flatnonzero(~same) + 1).tolist(), n]
+    return list(zip(cuts[:-1], cuts[1:]))
+
+
+def _closed_form_slow(unit: UnitCodes, per_row: bool) -> tuple[np.ndarray, float, float]:
+    """Rows of odd lengths or offsets: through the dequantized values (exact, slower)."""
+    values = dequantize(unit)
+    with np.errstate(invalid="ignore", over="ignore"):
+        sums = np.add.reduce(values * values, axis=1)
+        if not per_row:
+            sums = np.asarray([np.add.reduce(sums)])
+        finite = values[~np.isnan(values)]
+        largest = float(finite.max()) if finite.size else math.nan
+        smallest = float(finite.min()) if finite.size else math.nan
+    if np.isnan(values).any():
+        largest = smallest = math.nan
+    return sums, largest, smallest
 
 
 def dequantize(unit: UnitCodes, out: np.ndarray | None = None) -> np.ndarray:

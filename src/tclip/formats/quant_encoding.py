@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..core.dtypes import is_floating
-from ..core.kernels import Scratch, reduce_unit
+from ..core.kernels import Scratch, UnitMoments, reduce_unit
 from ..core.quant import (
     CODE_FORMATS,
     Findings,
@@ -292,28 +292,26 @@ class CodeSource:
         findings = Findings(encoding.codes.name, encoding.weight.shape) if self.factor is None else None
         results = []
         for k, lo, hi, unit, shape in self.units(data, grid, first, stop):
-            row_sums, largest, smallest = closed_form(unit)
-            if op is not None:
-                row_sums, largest, smallest = _apply_global(row_sums, largest, smallest, op, global_value)
             axes = stats.axes
-            finite = bool(np.isfinite(row_sums).all()) and math.isfinite(largest) and math.isfinite(smallest)
+            row_axes = axes is not None and axes == (len(shape) - 1,)
+            sums, largest, smallest = closed_form(unit, row_axes, None if scratch is None else scratch.wide)
+            if op is not None:
+                sums, largest, smallest = _apply_global(sums, largest, smallest, op, global_value)
+            finite = bool(np.isfinite(sums).all()) and math.isfinite(largest) and math.isfinite(smallest)
             moments = None
             nans = infs = 0
             sum_abs = 0.0
-            row_axes = axes is not None and axes == (len(shape) - 1,)
-            if finite and not stats.track_moments and not stats.track_l1 and (axes is None or row_axes):
-                sum_sq: Any = float(np.add.reduce(row_sums)) if axes is None else row_sums.reshape(shape[:-1])
+            closed: Any = None
+            if finite and (axes is None or row_axes):
+                closed = float(np.add.reduce(sums)) if axes is None else sums.reshape(shape[:-1])
+            if closed is not None and not stats.track_moments and not stats.track_l1:
+                sum_sq: Any = closed
             else:
                 values = self._values(unit, scratch, op, global_value).reshape(shape)
-                from ..core.kernels import UnitMoments
-
                 moments = UnitMoments() if stats.track_moments else None
                 wide_sum, low, high, nans, infs, sum_abs = reduce_unit(values, scratch, axes, stats.track_l1,
                                                                        moments, values, extremes=not finite)
-                if finite and (axes is None or row_axes):
-                    sum_sq = float(np.add.reduce(row_sums)) if axes is None else row_sums.reshape(shape[:-1])
-                else:
-                    sum_sq = wide_sum
+                sum_sq = closed if closed is not None else wide_sum
                 if not finite:
                     largest, smallest = high, low
                     if findings is not None:
