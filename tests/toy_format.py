@@ -156,10 +156,10 @@ class Q8Reducer:
                                                stop // Q8_BLOCK * Q8_BLOCK_BYTES))
         if self.factor is not None:  # as the rescale writes it
             raw = ggml_blocks.scale_blocks(Q8_0, raw, self.factor).data
-        return start, raw
+        return raw
 
-    def reduce(self, data, grid, first, stop, stats, scratch):
-        start, raw = data
+    def reduce(self, raw, grid, first, stop, stats, scratch):
+        start = grid.bounds(first)[0]
         findings = Findings(self.encoding.name, self.encoding.shape) if self.factor is None else None
         results = []
         for k in range(first, stop):

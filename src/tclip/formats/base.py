@@ -93,7 +93,8 @@ class Encoding(ABC):
     - :meth:`reducer`: the statistics of units in closed form. A ``Source`` whose
       ``read(start, stop, out)`` returns whatever raw data it wants for elements
       ``[start, stop)`` (a run of whole units of ``UnitGrid.of(info.shape)``; its
-      ``dtype.itemsize`` is what an element costs the block budget), plus
+      ``dtype.itemsize`` is what an element costs the block budget; the data has
+      ``nbytes``, the bytes read, for progress), plus
       ``reduce(data, grid, first, stop, stats, scratch) -> (results, findings)``: for each
       unit ``first..stop-1`` the tuple :meth:`tclip.core.stats.TensorStats.reduce` gives
       (sum of squares -- per slice when ``stats.axes`` -- smallest, largest, NaN count,

@@ -183,6 +183,14 @@ def _position(found: Findings, index: int) -> str:
     return f"element {where[0]}"
 
 
+def _block(scales: Any, index: int) -> str:
+    """``block [i, j]`` (or ``block i``) of a scale, empty for a tensor's one scale."""
+    if index < 0 or math.prod(scales.shape) <= 1:
+        return ""
+    where = scales.where(index)
+    return f"block {where if len(where) > 1 else where[0]}"
+
+
 def nonfinite_detail(found: Findings | None) -> str:
     """Where a quantized weight's NaN/Inf come from, e.g. ``NaN scale in X.weight_scale_inv
     block [0, 1]``, ``NaN code at row 3, column 17`` (empty when nothing is known)."""
@@ -193,10 +201,9 @@ def nonfinite_detail(found: Findings | None) -> str:
         if scales.nan or scales.inf:
             kinds = "/".join(k for k, n in (("NaN", scales.nan), ("Inf", scales.inf)) if n)
             count = scales.nan + scales.inf
-            block = scales.where(scales.first_bad)
-            at = f" block {block}" if len(block) > 1 else (f" element {block[0]}" if block else "")
-            parts.append(f"{count} {kinds} scale(s) in {scales.part}, first at{at}" if count > 1
-                         else f"{kinds} scale in {scales.part}{at}")
+            at = _block(scales, scales.first_bad)
+            parts.append(f"{count} {kinds} scale(s) in {scales.part}" + (f", first at {at}" if at else "")
+                         if count > 1 else f"{kinds} scale in {scales.part}" + (f" {at}" if at else ""))
     if found.nan_codes or found.inf_codes:
         count = found.nan_codes + found.inf_codes
         kinds = "/".join(k for k, n in (("NaN", found.nan_codes), ("Inf", found.inf_codes)) if n)
@@ -212,11 +219,10 @@ def quantized_notes(files: list[FileStats]) -> list[Note]:
         for name, found in stats.findings.items():
             for scales in found.scales.values():
                 if scales.zero:
-                    block = scales.where(scales.first_zero)
-                    at = f"block {block}" if len(block) > 1 else (f"element {block[0]}" if block else "it")
+                    at = _block(scales, scales.first_zero)
                     notes.append(Note(NoteKind.ZERO_SCALES,
                                       f"{name}: {scales.zero} zero scale(s) in {scales.part} (dead blocks: their "
-                                      f"values are all 0), first at {at}"))
+                                      "values are all 0)" + (f", first at {at}" if at else "")))
     return notes
 
 
