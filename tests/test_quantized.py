@@ -247,7 +247,7 @@ def test_per_row_clip_where_scales_are_per_row(examples, tmp_path):
     ("ct_mxfp4", ["norm", "--clip", "1"], "powers of two"),
     ("ct_nvfp4", ["norm", "--clip", "1"], "share one NVFP4 global scale"),
     ("modelopt_nvfp4", ["average", "--clip", "1e-6"], "share one NVFP4 global scale"),
-    ("ct_w4a16_asym_packed", ["global", "--clip", "1"], "does not understand"),
+    ("ct_w4a16_asym_packed", ["global", "--clip", "1"], "tclip cannot read it"),
 ])
 @pytest.mark.parametrize("sharded", [False, True])
 def test_what_scales_cannot_do_is_refused(examples, tmp_path, name, command, words, sharded):
@@ -482,3 +482,63 @@ def test_nvfp4_without_a_config_by_names_dtypes_and_shapes(tmp_path):
     assert weight["name"] == W and weight["shape"] == [64, 64] and weight["dtype"] == "nvfp4 xe4m3 1x16 xf32"
     assert weight["norm"] == pytest.approx(float(np.linalg.norm(real)), rel=1e-14)
     assert data["global_norm"] == weight["norm"]  # the activation scale is no weight
+
+
+# --------------------------------------------------------------------------- detection
+
+
+@pytest.mark.parametrize("name, shard, words", [
+    ("deepseek_fp8_block", "model-00001-of-00002.safetensors", "its scales are not in this file"),
+    ("deepseek_fp8_block", "model-00002-of-00002.safetensors", "its codes are not in this file"),
+    ("modelopt_nvfp4", "model-00001-of-00002.safetensors", "its scales are not in this file"),
+    ("gptoss_mxfp4", "model-00002-of-00002.safetensors", "its codes are not in this file"),
+])
+def test_one_shard_opened_alone_is_never_measured_nor_clipped_as_values(examples, tmp_path, name, shard, words):
+    folder = copy_of(examples[name + "_sharded"], tmp_path)
+    before = {p: p.read_bytes() for p in folder.iterdir()}
+    gate = run("report", "--max-norm", "1e9", "-q", folder / shard)
+    assert gate.exit_code == 3 and "not measured" in gate.stderr and words in gate.stderr, gate.output
+    clip = run("global", "--clip", "1", folder / shard)
+    assert clip.exit_code == 1 and words in clip.stderr, clip.output
+    assert {p: p.read_bytes() for p in folder.iterdir()} == before
+
+
+def test_a_plain_weight_beside_a_weight_scale_stays_plain(tmp_path):
+    rng = np.random.default_rng(1)
+    weight = rng.standard_normal((8, 8)).astype(np.float32)
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(safetensors_bytes({"layer.weight": weight, "layer.weight_scale": np.ones(1, np.float32)}))
+    data = report_json(path)
+    assert [(t["name"], t["dtype"]) for t in data["tensors"]] == [("layer.weight", "float32"),
+                                                                  ("layer.weight_scale", "float32")]
+    assert data["global_norm"] == pytest.approx(math.sqrt(float(np.sum(weight.astype(np.float64) ** 2)) + 1))
+
+
+def test_modelopt_block_scales_of_four_dimensions_and_fused_experts(tmp_path):
+    rng = np.random.default_rng(2)
+    codes = (rng.standard_normal((256, 384)) * 50).clip(-448, 448).astype(ml_dtypes.float8_e4m3fn)
+    blocks = rng.uniform(1e-3, 1e-2, (2, 1, 3, 1)).astype(np.float32)
+    experts = (rng.standard_normal((3, 200, 256)) * 50).clip(-448, 448).astype(ml_dtypes.float8_e4m3fn)
+    expert_scales = rng.uniform(1e-3, 1e-2, (3, 2, 2)).astype(np.float32)
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(safetensors_bytes({"a.weight": codes, "a.weight_scale": blocks,
+                                        "mlp.experts.gate_up_proj": experts,
+                                        "mlp.experts.gate_up_proj_scales_inv": expert_scales}))
+    tensors = {t["name"]: t for t in report_json(path)["tensors"]}
+    real = codes.astype(np.float64) * np.repeat(np.repeat(blocks.reshape(2, 3).astype(np.float64), 128, 0), 128, 1)
+    assert tensors["a.weight"]["norm"] == pytest.approx(float(np.linalg.norm(real)), rel=1e-14)
+    assert tensors["a.weight"]["dtype"] == "e4m3 xf32 128x128"
+    full = np.repeat(np.repeat(expert_scales.astype(np.float64), 128, 1), 128, 2)[:, :200, :256]
+    assert tensors["mlp.experts.gate_up_proj"]["norm"] == pytest.approx(
+        float(np.linalg.norm(experts.astype(np.float64) * full)), rel=1e-14)
+
+
+def test_gptq_weights_are_recognised_and_not_measured(tmp_path):
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(safetensors_bytes({"l.qweight": np.zeros((16, 64), np.int32), "l.qzeros": np.zeros((1, 64),
+                                        np.int32), "l.scales": np.ones((1, 512), np.float16),
+                                        "l.bias": np.ones(512, np.float16)}))
+    data = report_json(path)
+    tensors = {t["name"]: t for t in data["tensors"]}
+    assert set(tensors) == {"l.weight", "l.bias"}
+    assert tensors["l.weight"]["norm"] is None and "not measured" in tensors["l.weight"]["skipped"]

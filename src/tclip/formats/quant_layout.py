@@ -267,6 +267,12 @@ def detect(headers: dict[str, list[TensorInfo]], configs: dict[str, Any] | None 
         weight = _weight_at(name, info, file, where, config)
         if weight is not None:
             add(weight)
+    if config.method is not None:  # a quantized checkpoint: codes or scales whose other half is missing
+        for name in sorted(where):
+            if name not in taken:
+                orphan = _orphan(name, where, config)
+                if orphan is not None:
+                    add(orphan)
     activation = set()
     if layout.weights or config.method is not None:
         activation = {n for n in where if n.endswith(ACTIVATION_SUFFIXES) and n not in taken}
@@ -310,6 +316,26 @@ def _weight_at(name: str, info: TensorInfo, file: str, where: dict[str, tuple[st
         if _code_format(codes.dtype) is not None:
             return _scaled(stem, stem, name, "scales", where, config, "Hugging Face fused-expert fp8")
     return None
+
+
+_SCALE_ENDINGS = ("weight_scale_inv", "weight_scale_2", "weight_global_scale", "weight_scale", "weight_zero_point",
+                  "_scales_inv")
+
+
+def _orphan(name: str, where: dict[str, tuple[str, TensorInfo]], config: _Config) -> QuantWeight | None:
+    """In a quantized checkpoint, codes without their scales or scales without their codes
+    (one shard of a set opened alone): never to be measured or clipped as plain values."""
+    dtype = np.dtype(where[name][1].dtype)
+    if name.endswith((".weight_packed", "_blocks")) and dtype == np.uint8 or name.endswith(".weight") and (
+            _code_format(dtype) is not None or dtype == np.uint8 and config.method == "modelopt"):
+        missing = "its scales are"
+    elif name.endswith(_SCALE_ENDINGS) and is_floating(dtype) or name.endswith(("_scales", ".scales")) \
+            and dtype == np.uint8:
+        missing = "its codes are"
+    else:
+        return None
+    return _not_understood(name, [name], where, f"{missing} not in this file of a {config.label} checkpoint; give "
+                           "the whole set, its index")
 
 
 def _not_understood(logical: str, names: Iterable[str], where: dict[str, tuple[str, TensorInfo]],

@@ -64,9 +64,8 @@ def check_quantized_selection(entries: list[TensorEntry], mode: Mode, where: obj
         first = not_understood[0]
         more = f" (and {len(not_understood) - 1} more)" if len(not_understood) > 1 else ""
         problem = first.encoding.problem if first.encoding is not None else "not understood"
-        raise UnsupportedError((f"tensor {first.name!r}{more} is a quantized weight tclip does not understand "
-                                f"({problem}); nothing was written. Leave it out with ", Option.EXCLUDE,
-                                " to clip the rest"), where)
+        raise UnsupportedError((f"tensor {first.name!r}{more} is quantized and tclip cannot read it ({problem}); "
+                                "nothing was written. Leave it out with ", Option.EXCLUDE, " to clip the rest"), where)
     fixed = [e for e in entries if e.skipped is None and e.encoding is not None and e.encoding.factors == "none"]
     if fixed:
         raise UnsupportedError((f"tensor {_describe(fixed[0])} is encoded in a way tclip cannot rescale; nothing was "
