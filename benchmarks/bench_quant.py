@@ -12,13 +12,15 @@ Writes two safetensors files of about ``--mib`` MiB each (32 weights):
 then times, alternately and with a warm page cache, pass 1 inside one process
 (:func:`tclip.work.statistics.file_statistics`, what ``report`` spends its time on) and
 the whole command (``python -m tclip report -q``), and prints the medians, the bytes per
-second of each and their ratio (fp8 / bf16: 1.0 means the same bytes per second).
+second of each and their ratio (fp8 / bf16: 1.0 means the same bytes per second), by
+wall-clock time and by CPU time (every thread's; steadier on a busy machine).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import subprocess
 import sys
@@ -76,17 +78,21 @@ def make_files(folder: Path, mib: int) -> tuple[Path, Path]:
     return folder / "bf16" / "model.safetensors", folder / "fp8" / "model.safetensors"
 
 
-def time_pass(path: Path, threads: int) -> float:
-    started = time.perf_counter()
+def time_pass(path: Path, threads: int) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of every thread) of pass 1 in this process."""
+    started, cpu = time.perf_counter(), time.process_time()
     file_statistics(path, budget=Budget(threads=threads))
-    return time.perf_counter() - started
+    return time.perf_counter() - started, time.process_time() - cpu
 
 
-def time_command(path: Path, threads: int) -> float:
+def time_command(path: Path, threads: int) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of the whole command in a child process."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "tclip", "report", "-q", "--threads", str(threads), str(path)],
-                   check=True)
-    return time.perf_counter() - started
+    extra = ["--threads", str(threads)] if threads else []
+    subprocess.run([sys.executable, "-m", "tclip", "report", "-q", *extra, str(path)], check=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.perf_counter() - started, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
 
 
 def main() -> None:
@@ -101,8 +107,8 @@ def main() -> None:
         sizes = {"bf16": bf16.stat().st_size, "fp8": fp8.stat().st_size}
         for path in (bf16, fp8):  # warm the page cache
             path.read_bytes()
-        times: dict[str, dict[str, list[float]]] = {"pass 1": {"bf16": [], "fp8": []},
-                                                     "report": {"bf16": [], "fp8": []}}
+        times: dict[str, dict[str, list[tuple[float, float]]]] = {"pass 1": {"bf16": [], "fp8": []},
+                                                                   "report": {"bf16": [], "fp8": []}}
         for _ in range(args.repeat):
             for label, path in (("bf16", bf16), ("fp8", fp8)):
                 times["pass 1"][label].append(time_pass(path, args.threads))
@@ -110,10 +116,12 @@ def main() -> None:
         print(f"files: bf16 {sizes['bf16'] / 2**20:.0f} MiB, fp8 (codes + f32 128x128 scales) "
               f"{sizes['fp8'] / 2**20:.0f} MiB; threads {args.threads or 'all'}; medians of {args.repeat}")
         for stage, per in times.items():
-            rates = {k: sizes[k] / statistics.median(v) for k, v in per.items()}
-            print(f"{stage:7s} bf16 {statistics.median(per['bf16']):.3f} s ({rates['bf16'] / 1e9:.2f} GB/s)  "
-                  f"fp8 {statistics.median(per['fp8']):.3f} s ({rates['fp8'] / 1e9:.2f} GB/s)  "
-                  f"fp8/bf16 bytes per second: {rates['fp8'] / rates['bf16']:.2f}")
+            for what, which in (("wall", 0), ("CPU", 1)):
+                seconds = {k: statistics.median(t[which] for t in v) for k, v in per.items()}
+                rates = {k: sizes[k] / seconds[k] for k in seconds}
+                print(f"{stage:7s} {what:4s} bf16 {seconds['bf16']:.3f} s ({rates['bf16'] / 1e9:.2f} GB/s)  "
+                      f"fp8 {seconds['fp8']:.3f} s ({rates['fp8'] / 1e9:.2f} GB/s)  "
+                      f"fp8/bf16 bytes per second: {rates['fp8'] / rates['bf16']:.2f}")
 
 
 if __name__ == "__main__":

@@ -391,8 +391,9 @@ def _block_reduce(ufunc: np.ufunc, items: np.ndarray, offset: int, per_block: in
 @dataclass
 class UnitCodes:
     """The codes of one unit as rows: ``raw`` uint8 ``[n, bytes per row]`` for logical columns
-    ``[col0, col0 + width)`` of ``n`` consecutive rows, with ``scales`` float64 ``[n, blocks]``:
-    each row's scales of the column blocks ``col0 // bw ..`` it touches."""
+    ``[col0, col0 + width)`` of ``n`` consecutive rows, with ``scales`` float64 ``[k, blocks]``:
+    the scales of the column blocks ``col0 // bw ..`` the rows touch, one row of them per run
+    of rows in ``runs`` (``(first, stop)`` row ranges covering ``0..n``; None: one per row)."""
 
     fmt: CodeFormat
     raw: np.ndarray
@@ -400,6 +401,13 @@ class UnitCodes:
     width: int
     bw: int
     scales: np.ndarray
+    runs: list[tuple[int, int]] | None = None
+
+    def row_scales(self) -> np.ndarray:
+        """``scales`` with one row per row of codes."""
+        if self.runs is None:
+            return self.scales
+        return np.repeat(self.scales, [b - a for a, b in self.runs], axis=0)
 
 
 def closed_form(unit: UnitCodes, per_row: bool = False, out: np.ndarray | None = None
@@ -425,37 +433,26 @@ def closed_form(unit: UnitCodes, per_row: bool = False, out: np.ndarray | None =
     else:
         key_high = key_low = _keys(fmt, raw)
         key_per_block, key_offset = unit.bw, unit.col0 % unit.bw
-    runs = [(0, n)] if per_row else _runs(unit.scales, n)
-    if per_row or len(runs) == n:  # a scale per row (or rows asked for): reduce each row's blocks
+    if per_row or unit.runs is None:  # a scale per row (or rows asked for): reduce each row's blocks
         code_sums = _block_reduce(np.add, squares, offset, per_block)
-        highs = _block_reduce(np.maximum, key_high, key_offset, key_per_block)
-        lows = _block_reduce(np.minimum, key_low, key_offset, key_per_block)
-        scales = unit.scales[:, :code_sums.shape[1]]
+        extremes = np.concatenate([_block_reduce(np.maximum, key_high, key_offset, key_per_block),
+                                   _block_reduce(np.minimum, key_low, key_offset, key_per_block)])
+        scales = unit.row_scales()
     else:  # rows that share their scales are added column by column first (cheap), then per block
-        parts = [(np.add.reduce(squares[a:b], axis=0)[None], np.maximum.reduce(key_high[a:b], axis=0)[None],
-                  np.minimum.reduce(key_low[a:b], axis=0)[None], a) for a, b in runs]
-        code_sums = np.concatenate([_block_reduce(np.add, p[0], offset, per_block) for p in parts])
-        highs = np.concatenate([_block_reduce(np.maximum, p[1], key_offset, key_per_block) for p in parts])
-        lows = np.concatenate([_block_reduce(np.minimum, p[2], key_offset, key_per_block) for p in parts])
-        scales = unit.scales[[p[3] for p in parts], :code_sums.shape[1]]
-    values = _key_values(fmt)
+        runs = unit.runs
+        columns = np.concatenate([np.add.reduce(squares[a:b], axis=0, keepdims=True) for a, b in runs])
+        code_sums = _block_reduce(np.add, columns, offset, per_block)
+        keys = np.concatenate([np.maximum.reduce(key_high[a:b], axis=0, keepdims=True) for a, b in runs]
+                              + [np.minimum.reduce(key_low[a:b], axis=0, keepdims=True) for a, b in runs])
+        extremes = np.concatenate([_block_reduce(np.maximum, keys[:len(runs)], key_offset, key_per_block),
+                                   _block_reduce(np.minimum, keys[len(runs):], key_offset, key_per_block)])
+        scales = unit.scales
+    scales = scales[:, :code_sums.shape[1]]
     with np.errstate(invalid="ignore", over="ignore"):
         sums = np.add.reduce(scales * scales * code_sums, axis=1)
-        one = scales * values[highs.astype(np.int64) + 128]
-        other = scales * values[lows.astype(np.int64) + 128]
-        largest = float(max(one.max(), other.max())) if n else -math.inf
-        smallest = float(min(one.min(), other.min())) if n else math.inf
+        products = np.concatenate([scales, scales]) * _key_values(fmt)[extremes.astype(np.intp) + 128]
+        largest, smallest = (float(products.max()), float(products.min())) if n else (-math.inf, math.inf)
     return sums, largest, smallest
-
-
-def _runs(scales: np.ndarray, n: int) -> list[tuple[int, int]]:
-    """Runs of consecutive rows whose scales are the same row of the scale tensor (``scales`` are
-    per row, gathered: equal rows come from one band)."""
-    if n == 1:
-        return [(0, 1)]
-    same = np.all((scales[1:] == scales[:-1]) | (np.isnan(scales[1:]) & np.isnan(scales[:-1])), axis=1)
-    cuts = [0, *(np.flatnonzero(~same) + 1).tolist(), n]
-    return list(zip(cuts[:-1], cuts[1:]))
 
 
 def _closed_form_slow(unit: UnitCodes, per_row: bool) -> tuple[np.ndarray, float, float]:
@@ -485,12 +482,13 @@ def dequantize(unit: UnitCodes, out: np.ndarray | None = None) -> np.ndarray:
         values = out
     first = unit.col0 // unit.bw
     columns = np.arange(unit.col0, unit.col0 + unit.width) // unit.bw - first
+    scales = unit.row_scales()
     with np.errstate(invalid="ignore", over="ignore"):
         if unit.col0 % unit.bw == 0 and unit.width % unit.bw == 0:
             blocks = unit.width // unit.bw
-            values.reshape(n, blocks, unit.bw)[...] *= unit.scales[:, :blocks, None]
+            values.reshape(n, blocks, unit.bw)[...] *= scales[:, :blocks, None]
         else:
-            values *= unit.scales[:, columns]
+            values *= scales[:, columns]
     return values
 
 

@@ -268,22 +268,32 @@ class CodeSource:
 
     def units(self, data: _Raw, grid: UnitGrid, first: int, stop: int) -> Any:
         """Each unit ``k`` as (k, its element range, its :class:`UnitCodes`, the unit's shape)."""
-        encoding, blocks = self.encoding, self.grid
-        per_byte = encoding.fmt.per_byte
-        cols = blocks.cols
+        per_byte = self.encoding.fmt.per_byte
         for k in range(first, stop):
             lo, hi = grid.bounds(k)
-            if hi - lo >= cols and lo % cols == 0:
-                rows, col0, width = (hi - lo) // cols, 0, cols
-            else:
-                rows, col0, width = 1, lo % cols, hi - lo
-            row0 = lo // cols
-            raw = data.codes[(lo - data.start) // per_byte:(hi - data.start) // per_byte].reshape(rows, -1)
-            bands = blocks.band(np.arange(row0, row0 + rows)) - data.first_band
-            first_block = col0 // blocks.bw
-            last_block = (col0 + width - 1) // blocks.bw
-            row_scales = data.scales[bands, first_block:last_block + 1]
-            yield k, lo, hi, UnitCodes(encoding.fmt, raw, col0, width, blocks.bw, row_scales), grid.unit_shape(k)
+            codes = data.codes[(lo - data.start) // per_byte:(hi - data.start) // per_byte]
+            yield k, lo, hi, self.rows(codes, lo, hi, data), grid.unit_shape(k)
+
+    def rows(self, codes: np.ndarray, lo: int, hi: int, data: _Raw) -> UnitCodes:
+        """Elements ``[lo, hi)`` (whole rows, or a piece of one) as :class:`UnitCodes`."""
+        blocks = self.grid
+        cols = blocks.cols
+        if hi - lo >= cols and lo % cols == 0:
+            rows, col0, width = (hi - lo) // cols, 0, cols
+        else:
+            rows, col0, width = 1, lo % cols, hi - lo
+        row0 = lo // cols
+        first_band, last_band = int(blocks.band(row0)), int(blocks.band(row0 + rows - 1))
+        columns = slice(col0 // blocks.bw, (col0 + width - 1) // blocks.bw + 1)
+        scales = data.scales[first_band - data.first_band:last_band - data.first_band + 1, columns]
+        runs = None
+        if blocks.bh > 1 or last_band - first_band + 1 < rows:  # bands are consecutive: one run of rows each
+            runs, start = [], row0
+            while start < row0 + rows:
+                stop = min(row0 + rows, int(blocks.band_start(int(blocks.band(start)) + 1)))
+                runs.append((start - row0, stop - row0))
+                start = stop
+        return UnitCodes(self.encoding.fmt, codes.reshape(rows, -1), col0, width, blocks.bw, scales, runs)
 
     def reduce(self, data: _Raw, grid: UnitGrid, first: int, stop: int, stats: TensorStats,
                scratch: Scratch | None) -> tuple[list[tuple], Findings | None]:
@@ -389,24 +399,15 @@ class ValueSource:
         position = start
         while position < stop:
             row = position // cols
-            end = min(stop, (row + 1) * cols)
-            col0 = position - row * cols
-            rows = 1
-            if col0 == 0 and end == (row + 1) * cols:  # whole rows at once
-                rows = max(1, (stop - position) // cols)
-                end = position + rows * cols
+            if position % cols == 0 and stop - position >= cols:  # whole rows at once
+                end = position + (stop - position) // cols * cols
+            else:
+                end = min(stop, (row + 1) * cols)
             lo, hi = position - position % per_byte, end + (-end) % per_byte
             data = self.codes.read(lo, hi, None)
-            width = hi - lo if rows == 1 else cols
-            raw = data.codes.reshape(rows, -1)
-            bands = blocks.band(np.arange(row, row + rows)) - data.first_band
-            first_block = (lo % cols if rows == 1 else 0) // blocks.bw
-            last_block = ((lo % cols if rows == 1 else 0) + width - 1) // blocks.bw
-            unit = UnitCodes(encoding.fmt, raw, lo % cols if rows == 1 else 0, width, blocks.bw,
-                             data.scales[bands, first_block:last_block + 1])
+            unit = self.codes.rows(data.codes, lo, hi, data)
             values = self.codes._values(unit, None, encoding.scheme.global_op, self.codes.global_value)
-            flat = values.reshape(-1)[position - lo:position - lo + (end - position)]
-            result[position - start:end - start] = flat
+            result[position - start:end - start] = values.reshape(-1)[position - lo:end - lo]
             position = end
         return result
 
