@@ -7,6 +7,7 @@ code, independent of tclip's) gives the real weights' norms in ``expected.json``
 
     build(root)            -> {name: folder} for every convention, single file and sharded
     build(root, ["ct_nvfp4"])
+    python tests/quant_examples.py DIR [NAME...]     (the same from a shell)
 
 Each ``<name>/`` holds ``model.safetensors`` + ``config.json`` (+ ``hf_quant_config.json``);
 ``<name>_sharded/`` the same tensors in two shards with an index, every weight's codes in
@@ -878,3 +879,10 @@ def build(root: str, names: list[str] | None = None) -> dict[str, str]:
             summarize(folder, originals)
             out[name + ("_sharded" if sharded else "")] = folder
     return out
+
+
+if __name__ == "__main__":
+    import sys
+
+    for name, folder in build(sys.argv[1] if len(sys.argv) > 1 else "quant_examples", sys.argv[2:] or None).items():
+        print(f"{name}: {folder}")

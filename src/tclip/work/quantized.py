@@ -164,10 +164,10 @@ def _check_fused(plan: Plan, files: list[FileStats], fused: dict[tuple[str, floa
             names = sorted([n for n, _ in members] + siblings)
             shown = ", ".join(f"{n} x{f:.6g}" for n, f in sorted(members)) + "".join(f", {n} x1" for n in siblings)
             raise UnsupportedError((f"tensors {', '.join(repr(n) for n in names)} share one NVFP4 global scale (a "
-                                    "fused group): clipping them by different factors would break it (vLLM loads "
-                                    f"the largest and silently undoes the others: {shown}); nothing was written. "
-                                    "Clip them together with global, or leave them out with ", Option.EXCLUDE),
-                                   where)
+                                    "fused group, which vLLM loads with one global scale for all): clipping them by "
+                                    f"different factors ({shown}) would not survive loading; nothing was written. "
+                                    "Clip them with one factor (global clipping), or leave them out with ",
+                                    Option.EXCLUDE), where)
 
 
 # --------------------------------------------------------------------------- what reports say
