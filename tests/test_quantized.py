@@ -542,3 +542,22 @@ def test_gptq_weights_are_recognised_and_not_measured(tmp_path):
     tensors = {t["name"]: t for t in data["tensors"]}
     assert set(tensors) == {"l.weight", "l.bias"}
     assert tensors["l.weight"]["norm"] is None and "not measured" in tensors["l.weight"]["skipped"]
+
+
+def test_a_quantized_set_on_a_dask_cluster_gives_the_same_bytes(examples, tmp_path):
+    """Only picklable statistics and the layout cross to the workers; weights and scales in two shards."""
+    import subprocess
+    import sys
+
+    distributed = pytest.importorskip("dask.distributed")
+    folder = examples["modelopt_nvfp4_sharded"]
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                  dashboard_address=None, silence_logs=50) as local:
+        result = subprocess.run([sys.executable, "-m", "tclip", "global", "--clip", "10", "--dask",
+                                 local.scheduler_address, "--out-dir", str(tmp_path / "out"), str(target(folder))],
+                                capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert run("global", "--clip", "10", "-q", "--out-dir", tmp_path / "ref", target(folder)).exit_code == 0
+    for shard in (tmp_path / "ref").glob("*.safetensors"):
+        assert (tmp_path / "out" / shard.name).read_bytes() == shard.read_bytes()
+    assert report_json(tmp_path / "out")["global_norm"] == pytest.approx(10, rel=1e-3)  # bfloat16 tensors round
