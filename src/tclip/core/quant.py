@@ -476,7 +476,7 @@ def dequantize(unit: UnitCodes, out: np.ndarray | None = None) -> np.ndarray:
     raw, fmt = unit.raw, unit.fmt
     n = raw.shape[0]
     values = np.take(byte_values(fmt), raw, axis=0, mode="clip").reshape(n, unit.width)
-    if out is not None:
+    if out is not None and out.size >= values.size:
         out = out[:values.size].reshape(values.shape)
         out[...] = values
         values = out

@@ -92,7 +92,8 @@ class Encoding(ABC):
       ``read(start, stop, out)``). Used where values are needed as values: ``diff``.
     - :meth:`reducer`: the statistics of units in closed form. A ``Source`` whose
       ``read(start, stop, out)`` returns whatever raw data it wants for elements
-      ``[start, stop)`` (a run of whole units of ``UnitGrid.of(info.shape)``; its
+      ``[start, stop)`` (a run of whole units of ``UnitGrid.of(info.shape, unit_elements)``,
+      ``unit_elements`` the reducer's attribute if it has one; its
       ``dtype.itemsize`` is what an element costs the block budget; the data has
       ``nbytes``, the bytes read, for progress), plus
       ``reduce(data, grid, first, stop, stats, scratch) -> (results, findings)``: for each

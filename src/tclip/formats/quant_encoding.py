@@ -229,6 +229,9 @@ class CodeSource:
 
     dtype = np.dtype(np.uint8)  # a code costs the block budget at most a byte
     align = 0
+    # Twice the elements of a unit of values: a code is a byte or half of one, and the
+    # per-unit work (some 40 NumPy calls) weighs less (measured: -25% CPU for FP8).
+    unit_elements = 1 << 19
 
     def __init__(self, encoding: BlockScaled, reader: TensorReader, factor: np.ndarray | None = None) -> None:
         self.encoding, self.reader, self.factor = encoding, reader, factor

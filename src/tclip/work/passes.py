@@ -63,7 +63,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..core.kernels import Scratch
-from ..core.units import UnitGrid, flat_rectangles
+from ..core.units import UNIT_ELEMENTS, UnitGrid, flat_rectangles
 from ..formats import TensorReader, TensorWriter
 from .budget import BlockRunner, Budget, Job, tensor_jobs
 
@@ -246,7 +246,8 @@ def tensor_walk(reader: TensorReader, name: str, *, axes: tuple[int, ...] | None
     info = reader.tensors[name]
     if info.encoding is not None:
         reducer = info.encoding.reducer(reader, info, factor)
-        return Walk(name, UnitGrid.of(tuple(info.shape)), (reducer,), None, axes, False, reducer)
+        grid = UnitGrid.of(tuple(info.shape), getattr(reducer, "unit_elements", UNIT_ELEMENTS))
+        return Walk(name, grid, (reducer,), None, axes, False, reducer)
     shape = info.storage_shape
     if axes is not None and info.fortran_order:
         axes = tuple(sorted(len(shape) - 1 - a for a in axes))
