@@ -86,6 +86,7 @@ class BlockScaled(Encoding):
         self.global_scale = weight.part("global scale")
         self.dtype = dtype
         self._nbytes = nbytes
+        self.scales_itemsize = 0 if self.scales is None else np.dtype(self.scales.dtype).itemsize
         rescaled = weight.rescaled
         self.e8m0_rescale = rescaled is not None and rescaled.role == "scales" and self.scheme.e8m0
         self._summary = EncodingSummary(
@@ -391,6 +392,12 @@ class ValueSource:
         self.codes = CodeSource(encoding, reader)
         self.parallel_safe = self.codes.parallel_safe
         self.encoding = encoding
+
+    def stored_bytes(self, start: int, stop: int) -> int:
+        """What reading elements ``[start, stop)`` reads: their codes and their bands' scales."""
+        blocks = self.encoding.grid
+        bands = int(blocks.band((stop - 1) // blocks.cols)) - int(blocks.band(start // blocks.cols)) + 1
+        return (stop - start) // self.encoding.fmt.per_byte + bands * blocks.nbc * self.encoding.scales_itemsize
 
     def read(self, start: int, stop: int, out: np.ndarray | None) -> np.ndarray:
         encoding, blocks = self.encoding, self.encoding.grid

@@ -292,7 +292,12 @@ class Block:
 
     @property
     def nbytes(self) -> int:
-        return sum(d.nbytes for d in self.data)
+        """The bytes read for the block (a source of decoded values says how many it read)."""
+        total = 0
+        for source, data in zip(self.walk.sources, self.data):
+            stored = getattr(source, "stored_bytes", None)
+            total += stored(self.start, self.end) if stored is not None else data.nbytes
+        return total
 
 
 # --------------------------------------------------------------------------- the driver
