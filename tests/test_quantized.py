@@ -563,3 +563,13 @@ def test_a_quantized_set_on_a_dask_cluster_gives_the_same_bytes(examples, tmp_pa
     for shard in (tmp_path / "ref").glob("*.safetensors"):
         assert (tmp_path / "out" / shard.name).read_bytes() == shard.read_bytes()
     assert report_json(tmp_path / "out")["global_norm"] == pytest.approx(10, rel=1e-3)  # bfloat16 tensors round
+
+
+def test_a_nan_norm_propagated_to_a_quantized_weight_is_refused(tmp_path):
+    codes = deepseek_layer()[W].copy()
+    codes.view(np.uint8)[3, 3] = 0x7F
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(safetensors_bytes(deepseek_layer(codes=codes)))
+    result = run("global", "--clip", "1", "--nonfinite", "propagate", path)
+    assert result.exit_code == 1 and "cannot be applied by rewriting its scales" in result.stderr, result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]

@@ -103,6 +103,11 @@ def check_quantized_plan(plan: Plan, files: list[FileStats], where: object) -> N
                                         "its codes requantized, which tclip does not do; nothing was written. "
                                         "Leave it out with ", Option.EXCLUDE), where)
             factors = np.unique(np.asarray(task.scale, np.float64))
+            if not np.all(np.isfinite(factors) & (factors > 0)):  # only under nonfinite="propagate"
+                raise UnsupportedError(f"tensor {_describe(entry)} is quantized: a factor of "
+                                       f"{float(factors[~(np.isfinite(factors) & (factors > 0))][0])!r} (from a "
+                                       "NaN/Inf norm) cannot be applied by rewriting its scales; nothing was written",
+                                       where)
             found = stats.findings.get(name)
             if entry.encoding.factors == "power of two":
                 _check_power_of_two(entry, factors, found, where)
