@@ -565,11 +565,27 @@ def test_a_quantized_set_on_a_dask_cluster_gives_the_same_bytes(examples, tmp_pa
     assert report_json(tmp_path / "out")["global_norm"] == pytest.approx(10, rel=1e-3)  # bfloat16 tensors round
 
 
-def test_a_nan_norm_propagated_to_a_quantized_weight_is_refused(tmp_path):
-    codes = deepseek_layer()[W].copy()
-    codes.view(np.uint8)[3, 3] = 0x7F
-    path = tmp_path / "model.safetensors"
-    path.write_bytes(safetensors_bytes(deepseek_layer(codes=codes)))
-    result = run("global", "--clip", "1", "--nonfinite", "propagate", path)
-    assert result.exit_code == 1 and "cannot be applied by rewriting its scales" in result.stderr, result.output
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]
+@pytest.mark.parametrize("name", ["deepseek_fp8_block", "ct_nvfp4", "modelopt_nvfp4"])
+def test_a_nan_norm_propagates_to_quantized_weights_through_their_scales(examples, tmp_path, name):
+    """--nonfinite propagate gives TensorFlow's result: a NaN global norm makes every weight NaN,
+    here by making its scale NaN (codes untouched)."""
+    folder = copy_of(examples[name], tmp_path)
+    tensors = stored(folder)
+    codes = next(n for n, a in tensors.items() if n.endswith(("weight", "weight_packed")) and a.dtype.itemsize == 1
+                 and n + "_scale_inv" in tensors or n.endswith("weight_packed") or (n + "_scale_2") in tensors)
+    tensors[codes] = tensors[codes].copy()
+    if tensors[codes].dtype == np.uint8:  # e2m1 has no NaN: a NaN block scale instead
+        scale = codes.replace("_packed", "") + "_scale"
+        tensors[scale] = tensors[scale].copy()
+        tensors[scale].view(np.uint8)[0, 0] = 0x7F
+    else:
+        tensors[codes].view(np.uint8)[3, 3] = 0x7F
+    quant_examples.st_write(str(folder / "model.safetensors"), {
+        n: quant_examples.T({np.dtype(np.uint8): "U8", np.dtype(np.float32): "F32",
+                             np.dtype(ml_dtypes.bfloat16): "BF16", np.dtype(ml_dtypes.float8_e4m3fn): "F8_E4M3"}[a.dtype],
+                            a) for n, a in tensors.items()})
+    result = run("global", "--clip", "1", "--nonfinite", "propagate", "-q", target(folder))
+    assert result.exit_code == 0, result.output
+    after = report_json(folder / "model.clipped.safetensors")
+    quantized = [t for t in after["tensors"] if "quantization" in t]
+    assert quantized and all(t["nonfinite"]["nan"] == math.prod(t["shape"]) for t in quantized)

@@ -192,7 +192,11 @@ def round_product(values: np.ndarray, factor: float | np.ndarray, dtype: np.dtyp
 
 
 def round_quotient(value: float, divisor: float, dtype: np.dtype) -> np.generic:
-    """``value / divisor`` rounded once to ``dtype`` from the exact quotient (a scalar)."""
+    """``value / divisor`` rounded once to ``dtype`` from the exact quotient (a scalar); a zero
+    or non-finite operand gives IEEE's quotient (a NaN norm's factor makes the scale NaN)."""
+    if not (math.isfinite(value) and math.isfinite(divisor)) or divisor == 0:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.asarray(np.float64(value) / np.float64(divisor)).astype(dtype)[()]
     exact = Fraction(value) / Fraction(divisor)
     return _round_fraction(exact, np.dtype(dtype))
 

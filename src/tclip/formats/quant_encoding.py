@@ -152,8 +152,6 @@ class BlockScaled(Encoding):
             raise ValueError(f"{self.weight.name}: one factor per row needs one scale per row")
         if self.e8m0_rescale and not all(is_power_of_two(float(f)) or f == 1.0 for f in np.unique(factor)):
             raise ValueError(f"{self.weight.name}: E8M0 scales take powers of two only")
-        if self.scheme.global_op == "divide" and np.any(factor == 0):
-            raise ValueError(f"{self.weight.name}: a divided global scale cannot be scaled by 0")
 
     def rescale(self, reader: TensorReader, writer: TensorWriter, info: TensorInfo,
                 factor: np.ndarray) -> list[tuple[str, Callable[[], int]]]:

@@ -103,11 +103,6 @@ def check_quantized_plan(plan: Plan, files: list[FileStats], where: object) -> N
                                         "its codes requantized, which tclip does not do; nothing was written. "
                                         "Leave it out with ", Option.EXCLUDE), where)
             factors = np.unique(np.asarray(task.scale, np.float64))
-            if not np.all(np.isfinite(factors) & (factors > 0)):  # only under nonfinite="propagate"
-                raise UnsupportedError(f"tensor {_describe(entry)} is quantized: a factor of "
-                                       f"{float(factors[~(np.isfinite(factors) & (factors > 0))][0])!r} (from a "
-                                       "NaN/Inf norm) cannot be applied by rewriting its scales; nothing was written",
-                                       where)
             found = stats.findings.get(name)
             if entry.encoding.factors == "power of two":
                 _check_power_of_two(entry, factors, found, where)
@@ -164,7 +159,7 @@ def _check_fused(plan: Plan, files: list[FileStats], fused: dict[tuple[str, floa
                 unclipped[entry.name] = found.global_value
     for (key, value), members in fused.items():
         siblings = [n for n, v in unclipped.items() if v == value and _fused_key(n) == key]
-        factors = {f for _, f in members} | ({1.0} if siblings else set())
+        factors = {"nan" if math.isnan(f) else f for _, f in members} | ({1.0} if siblings else set())
         if len(factors) > 1:
             names = sorted([n for n, _ in members] + siblings)
             shown = ", ".join(f"{n} x{f:.6g}" for n, f in sorted(members)) + "".join(f", {n} x1" for n in siblings)
