@@ -110,6 +110,18 @@ class Encoding(ABC):
       part is copied by the pass as it is. ``factor`` is a 0-d float64 array, or one
       factor per row in keepdims form (``[..., rows, 1]``, only where ``summary.per_row``).
       Raises ValueError when it cannot be done exactly as ``summary.factors`` promises.
+
+    The two kinds of stored layout:
+
+    (a) codes plus scale tensors (:class:`~tclip.formats.quant_encoding.BlockScaled`): a
+        view (:class:`~tclip.formats.quant_encoding.LogicalReader`) lists the weight in
+        place of its parts, which it reads from whichever file holds them; the writer
+        writes the stored tensors, the jobs only the scale parts.
+    (b) one stored tensor of blocks (GGUF, the test suite's toy Q8_0): the format's reader
+        lists the encoded tensor under its stored name, with ``nbytes`` the blob's size; its
+        ``read_part(name, start, stop)`` gives the blob's raw bytes ``[start, stop)``, and a
+        :class:`PositionalWriter` takes them back as ``write_flat(name, start, uint8 data)``
+        (a job writes the blocks with their scales rewritten; an untouched blob is copied).
     """
 
     @property
