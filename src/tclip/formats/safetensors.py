@@ -61,6 +61,9 @@ DTYPES: dict[str, np.dtype] = {
 }
 if hasattr(ml_dtypes, "float8_e8m0fnu"):
     DTYPES["F8_E8M0"] = np.dtype(ml_dtypes.float8_e8m0fnu)
+# AMD's float8 variants (safetensors 0.8): one NaN (0x80), no negative zero, bias one higher.
+DTYPES["F8_E4M3FNUZ"] = np.dtype(ml_dtypes.float8_e4m3fnuz)
+DTYPES["F8_E5M2FNUZ"] = np.dtype(ml_dtypes.float8_e5m2fnuz)
 
 
 def dtype_code(dtype: np.dtype) -> str:

@@ -17,7 +17,7 @@
 - :mod:`~tclip.work.results`: report data and its JSON; :mod:`~tclip.work.reporting` fills it;
 - :mod:`~tclip.work.gate`: ``report --max-norm``; :mod:`~tclip.work.summary`: ``report --summary``'s data;
 - :mod:`~tclip.work.inputs`: which files the inputs name, where outputs go;
-- :mod:`~tclip.work.quantized`: which stored tensors are quantized codes and scales (a stopgap).
+- :mod:`~tclip.work.quantized`: quantized weights in the passes: what is refused, warned about, reported.
 
 Every step takes and returns plain, picklable data, so the same steps serve one file,
 a sharded set and a cluster.

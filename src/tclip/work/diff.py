@@ -35,7 +35,7 @@ from ..core.dtypes import is_bool, is_complex, is_floating
 from ..core.kernels import Scratch
 from ..errors import TclipError
 from ..formats import TensorInfo, TensorReader
-from ..formats.sharded import open_any
+from ..formats.quant_encoding import open_any_logical
 from ..messages import Naming, Option, Tagged, library_name, spelled
 from ..text import name_list
 from .budget import Budget
@@ -270,7 +270,8 @@ def diff_files(a: Path | str, b: Path | str, *, rtol: float = 0.0, atol: float =
     selection = selection or Selection()
     rules = mapping or []
     report = DiffReport(str(a), str(b), rtol, atol)
-    with open_any(Path(a)) as reader_a, open_any(Path(b)) as reader_b:
+    # Quantized weights are compared as their real values, under their own names (scales are parts).
+    with open_any_logical(Path(a)) as reader_a, open_any_logical(Path(b)) as reader_b:
         renamed: dict[str, str] = {}
         used: set[int] = set()  # the rules that renamed something
         for name in reader_a.tensors:

@@ -41,8 +41,9 @@ def gate_tolerance(dtype: np.dtype) -> float:
     return 2 * _EPS.get(kind, 2.0 ** -23)
 
 
-# Selected tensors a check could not measure: the format refused them, or their type is unreadable.
-_UNMEASURED = (SkipKind.REFUSED, SkipKind.UNREADABLE_TYPE)
+# Selected tensors a check could not measure: the format refused them, their type is unreadable,
+# or they are quantized weights tclip does not understand.
+_UNMEASURED = (SkipKind.REFUSED, SkipKind.UNREADABLE_TYPE, SkipKind.NOT_UNDERSTOOD)
 
 
 def unmeasured(report: Any, selection: Selection | None = None) -> list[tuple[str, str]]:
@@ -73,7 +74,8 @@ def check_report(report: Any, max_norm: float, per_slice: bool, selection: Selec
         reasons.append(f"{_count(len(missing), 'selected tensor')} not measured: {_by_reason(missing)}")
     bad = sorted((t for t in report.tensors if t.nonfinite), key=lambda t: (-t.nonfinite, natural_key(t.name)))
     if bad:
-        parts = [f"{t.name} ({', '.join(f'{n:,} {k}' for n, k in ((t.nan, 'NaN'), (t.inf, 'Inf')) if n)})"
+        parts = [f"{t.name} ({', '.join(f'{n:,} {k}' for n, k in ((t.nan, 'NaN'), (t.inf, 'Inf')) if n)}"
+                 f"{': ' + t.nonfinite_where if getattr(t, 'nonfinite_where', None) else ''})"  # codes or scales
                  for t in bad[:FEW]]
         reasons.append(f"NaN/Inf in {name_list(parts, FEW, total=len(bad))}")
     if per_slice:

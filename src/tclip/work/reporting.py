@@ -14,7 +14,7 @@ from ..messages import Option
 from ..text import name_list
 from .gate import gate_tolerance
 from .plan import Plan
-from .quantized import describe, scale_companions
+from .quantized import nonfinite_detail, quantization_json, quantized_notes
 from .results import (
     NEAR_ZERO_NORM,
     WORST_SLICES,
@@ -47,6 +47,10 @@ def start_report(stats: FileStats, mode_name: str, params: dict[str, object]) ->
     for entry in stats.tensors:
         tensor = TensorReport(entry.name, list(entry.shape), entry.dtype, entry.nbytes, skipped=entry.skipped,
                               dtype_label=entry.dtype_label)
+        if entry.encoding is not None:
+            found = stats.findings.get(entry.name)
+            tensor.quantization = quantization_json(entry, found)
+            tensor.nonfinite_where = nonfinite_detail(found) or None
         s = stats.stats.get(entry.name)
         if s is not None:
             fill_before(tensor, s)
@@ -177,9 +181,7 @@ def report_from_stats(stats: FileStats, ord: str, params: dict[str, object],
                                 if t.skipped is not None and t.skipped.kind is SkipKind.OPTIMIZER_STATE], True)
     if optimizer:
         report.warnings.append(optimizer)
-    quantized = quantized_warning([t.name for t in report.tensors])
-    if quantized:
-        report.warnings.append(quantized)
+    report.warnings += quantized_notes([stats])
     return report
 
 
@@ -196,18 +198,6 @@ def optimizer_note(names: list[str], measured: bool) -> Note | None:
 
 def unmatched_note(pattern: str) -> Note:
     return Note(NoteKind.UNMATCHED_PATTERN, f"pattern {pattern!r} matches no tensor")
-
-
-def quantized_warning(names: list[str]) -> Note | None:
-    """The report's word that the norms of quantized weights shown are of their raw codes."""
-    pairs = scale_companions(names)
-    if not pairs:
-        return None
-    listing = ", ".join(describe(w, s) for w, s in list(pairs.items())[:3])
-    if len(pairs) > 3:
-        listing += f" and {len(pairs) - 3} more"
-    return Note(NoteKind.QUANTIZED, f"{len(pairs)} quantized weight(s) ({listing}): the norms shown are of their "
-                "raw codes and of their scale tensors as plain values, not of the real (dequantized) weights")
 
 
 def slice_summary(entry: TensorReport, stats: Any, scale: np.ndarray | None, limit: float | None = None) -> None:

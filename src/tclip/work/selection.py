@@ -15,6 +15,7 @@ import numpy as np
 from ..core.dtypes import dtype_name, is_complex, is_floating
 from ..core.stats import axes_fault, axes_items, normalize_axes
 from ..formats import TensorInfo, TensorReader
+from ..formats.base import EncodingSummary
 from ..messages import Tagged
 
 
@@ -58,6 +59,8 @@ class SkipKind(enum.Enum):
     UNREADABLE_TYPE = "unreadable type"  # a type tclip cannot read that may hold numbers: copied, never measured
     NOT_FLOATING = "not floating"     # integers, bool, complex: copied as they are
     AXES = "axes"                     # its rank cannot take the axes
+    NOT_A_WEIGHT = "not a weight"     # an activation scale of a quantized checkpoint: no norm, no clip
+    NOT_UNDERSTOOD = "not understood"  # a quantized weight tclip cannot read: never measured nor clipped
 
 
 class Skip(Tagged):
@@ -95,6 +98,10 @@ def skip_reason(info: TensorInfo, selection: Selection, axes: object = None) -> 
         return Skip(SkipKind.OPTIMIZER_STATE, "optimizer state, left out unless an include pattern names it")
     if info.refused:
         return Skip(SkipKind.REFUSED, info.refused)
+    if info.role is not None:
+        return Skip(SkipKind.NOT_A_WEIGHT, info.role)
+    if info.encoding is not None and info.encoding.summary.problem is not None:
+        return Skip(SkipKind.NOT_UNDERSTOOD, f"quantized, not measured: {info.encoding.summary.problem}")
     if not info.numeric:
         return Skip(SkipKind.UNREADABLE_TYPE if info.unreadable_type else SkipKind.NOT_NUMERIC,
                     f"{info.dtype_label or info.dtype} is not numeric")
@@ -109,7 +116,8 @@ class TensorEntry:
     """What pass 1 knows of one tensor of a file (plain data).
 
     ``dtype`` is the stored dtype; ``dtype_label`` what reports show instead for data
-    that is not numbers (None: the dtype's name).
+    that is not numbers, or the scheme of a quantized weight (None: the dtype's name);
+    ``encoding``: a quantized weight's :class:`~tclip.formats.base.EncodingSummary`.
     """
 
     name: str
@@ -118,6 +126,7 @@ class TensorEntry:
     nbytes: int
     skipped: Skip | None = None
     dtype_label: str | None = None
+    encoding: EncodingSummary | None = None
 
 
 def select(reader: TensorReader, selection: Selection, axes: object = None,
@@ -130,7 +139,8 @@ def select(reader: TensorReader, selection: Selection, axes: object = None,
     entries, to_read = [], {}
     for info in reader.tensors.values():
         reason = skip_reason(info, selection, axes)
-        entries.append(TensorEntry(info.name, tuple(info.shape), info.dtype, info.nbytes, reason, info.dtype_label))
+        entries.append(TensorEntry(info.name, tuple(info.shape), info.dtype, info.nbytes, reason, info.dtype_label,
+                                   None if info.encoding is None else info.encoding.summary))
         if reason is None:
             to_read[info.name] = normalize_axes(axes, len(info.shape))
         elif whole_if_rank_skip and (is_rank_skip(reason) or (
