@@ -784,3 +784,24 @@ def _flatten(value, root, prefix=()):
             out.update(_flatten(item, root, (*prefix, str(index))))
         return out
     return {".".join(prefix) or root: value}
+
+
+def test_a_quantized_weight_sharing_bytes_with_another_tensor_is_not_clipped(tmp_path):
+    # FP8 codes with a per-tensor scale (compressed-tensors' names), and a second tensor viewing
+    # the first rows of the codes: the weight is clipped through its scale, the view through its
+    # values, which would scale the shared codes twice.
+    torch = pytest.importorskip("torch")
+    codes = torch.tensor(np.linspace(-2, 2, 32, dtype=np.float32).reshape(4, 8)).to(torch.float8_e4m3fn)
+    path = tmp_path / "q.pt"
+    torch.save({"model.layers.0.mlp.up_proj.weight": codes,
+                "model.layers.0.mlp.up_proj.weight_scale": torch.tensor([0.5]),
+                "alias": codes[:2], "model.norm.weight": torch.ones(8)}, path)
+    before = path.read_bytes()
+    result = run("global", "--clip", "0.1", path)
+    assert result.exit_code == 1
+    assert result.stderr == (f"Error: {path}: the quantized weight 'model.layers.0.mlp.up_proj.weight' shares bytes "
+                             "in the file with tensor 'alias', and global would rewrite them in two ways (its scales, "
+                             "the other's values); nothing was written\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["q.pt"] and path.read_bytes() == before
+    converted = run("global", "--clip", "0.1", "-o", tmp_path / "q.safetensors", path)  # stored apart: fine
+    assert converted.exit_code == 0, converted.stderr

@@ -34,10 +34,19 @@ def check_tied(stats: FileStats, work: dict[str, TensorWork], mode_name: str) ->
     """
     selected = set(stats.selected)
     dtypes = {t.name: t.dtype for t in stats.tensors}
+    encoded = {t.name for t in stats.tensors if t.encoding is not None}
     for first, second, same in stats.overlaps:
         a, b = work.get(first), work.get(second)
         if a is None and b is None:
             continue
+        if first in encoded or second in encoded:
+            # A quantized weight is rewritten through its scales, the other tensor through its
+            # values: no factor makes the two agree on the bytes they share.
+            weight, other = (first, second) if first in encoded else (second, first)
+            raise UnsupportedError(
+                f"the quantized weight {weight!r} shares bytes in the file with tensor {other!r}, and {mode_name} "
+                "would rewrite them in two ways (its scales, the other's values); nothing was written",
+                stats.path)
         if a is not None and b is not None:
             if _same_result(a, b, same and dtypes[first] == dtypes[second]):
                 continue
