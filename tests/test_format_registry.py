@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import math
 import json
 import subprocess
 import sys
@@ -50,7 +51,7 @@ def test_the_suffixes_come_from_the_registry(tmp_path, toy):
     assert registry.suffixes()[".toy"] == "toy"
     result = run("norm", "--clip", "1", "-o", tmp_path / "x.txt", tmp_path / "a.npy")
     assert result.exit_code == 2
-    assert "the suffix must be .npy, .npz, .safetensors, .h5, .hdf5 or .toy" in result.stderr
+    assert "the suffix must be .npy, .npz, .safetensors, .h5, .hdf5, .pt, .pth, .bin or .toy" in result.stderr
 
 
 def test_info_report_and_norm_on_a_toy_format(tmp_path, toy):
@@ -126,3 +127,56 @@ def test_a_malformed_toy_file_is_one_clean_error(tmp_path, toy):
     assert result.exit_code == 1
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"Error: {tmp_path / 'bad.toy'}: malformed toy file (")
+
+
+def q8_0_blocks(values: np.ndarray) -> bytes:
+    """ggml Q8_0 blocks of ``values`` (rows of whole blocks of 32): a float16 scale ``amax / 127``
+    and 32 int8 codes each, as ggml's quantize_row_q8_0 writes them."""
+    blocks = values.reshape(-1, 32).astype(np.float64)
+    scales = (np.abs(blocks).max(axis=1) / 127).astype(np.float16)
+    safe = np.where(scales == 0, 1, scales.astype(np.float64))
+    codes = np.clip(np.rint(blocks / safe[:, None]), -127, 127).astype(np.int8)
+    out = np.empty((blocks.shape[0], 34), np.uint8)
+    out[:, :2] = scales.astype("<f2").view(np.uint8).reshape(-1, 2)
+    out[:, 2:] = codes.view(np.uint8)
+    return out.tobytes()
+
+
+def q8_0_values(raw: bytes) -> np.ndarray:
+    blocks = np.frombuffer(raw, np.uint8).reshape(-1, 34)
+    scales = blocks[:, :2].copy().view("<f2").astype(np.float64)
+    return (blocks[:, 2:].view(np.int8).astype(np.float64) * scales).reshape(-1)
+
+
+def test_one_stored_tensor_of_quantized_blocks_is_measured_gated_and_clipped(tmp_path, toy):
+    """The seam's second kind: an encoding over one stored tensor of blocks (ggml Q8_0 here, as GGUF
+    stores weights) gives closed-form norms, finds NaN scales, and is rescaled by its block scales."""
+    weight = "model.layers.3.mlp.down_proj.weight"
+    raw = q8_0_blocks(RNG.standard_normal((24, 96)).astype(np.float32))
+    toy.write(tmp_path / "q.toy", {"model.norm.weight": np.ones(8, np.float32)}, q8={weight: ((24, 96), raw)})
+    report = run("report", "--json", tmp_path / "q.toy")
+    assert report.exit_code == 0, report.stderr
+    tensors = {t["name"]: t for t in json.loads(report.stdout)["tensors"]}
+    values = q8_0_values(raw)
+    assert tensors[weight]["norm"] == pytest.approx(float(np.linalg.norm(values)), rel=1e-15)
+    assert tensors[weight]["dtype"] == "Q8_0" and tensors[weight]["nbytes"] == len(raw)
+    assert tensors[weight]["max"] == values.max() and tensors[weight]["quantization"]["parts"][0]["role"] == "blocks"
+
+    result = run("global", "--clip", "2", "--json", tmp_path / "q.toy")
+    assert result.exit_code == 0, result.stderr
+    with toy.ToyReader(tmp_path / "q.clipped.toy") as reader:
+        new = bytes(reader.read_part(weight, 0, len(raw)))
+    old_blocks, new_blocks = np.frombuffer(raw, np.uint8).reshape(-1, 34), np.frombuffer(new, np.uint8).reshape(-1, 34)
+    assert np.array_equal(old_blocks[:, 2:], new_blocks[:, 2:])  # codes byte for byte, only scales rewritten
+    factor = 2 / math.hypot(float(np.linalg.norm(values)), float(np.sqrt(8)))
+    assert float(np.linalg.norm(q8_0_values(new))) == pytest.approx(float(np.linalg.norm(values)) * factor,
+                                                                    rel=2 ** -10)
+    clipped = {t["name"]: t for t in json.loads(result.stdout)["tensors"]}
+    assert clipped[weight]["norm_after"] == pytest.approx(float(np.linalg.norm(q8_0_values(new))), rel=1e-15)
+
+    broken = bytearray(raw)
+    broken[34 * 5:34 * 5 + 2] = np.array([np.nan], "<f2").tobytes()  # the sixth block's scale
+    toy.write(tmp_path / "nan.toy", {}, q8={weight: ((24, 96), bytes(broken))})
+    gate = run("report", "--max-norm", "1e9", "-q", tmp_path / "nan.toy")
+    assert gate.exit_code == 3, gate.output
+    assert f"NaN scale in {weight} block 5" in gate.stderr, gate.stderr

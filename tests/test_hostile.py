@@ -17,6 +17,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+import torch_helpers
 from formats_helpers import safetensors_bytes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -64,10 +65,15 @@ def valid_files(folder: Path) -> dict[str, bytes]:
         f.create_dataset("layers/0/b", data=tensors["layers.0.b"])
         f.create_dataset("vocab", data=np.array([b"a", b"b"]))
     out["h5"] = (folder / "seed.h5").read_bytes()
+    out["pt"] = torch_helpers.save_arrays(folder / "seed.pt", tensors, values={"step": torch_helpers.num(3)}).read_bytes()
+    out["pt-torch"] = (TORCH_FIXTURES / "views.pt").read_bytes()  # torch's own layout, views, tied storages
+    out["pt-legacy"] = (TORCH_FIXTURES / "legacy_state_dict.pt").read_bytes()
     return out
 
 
-SUFFIX = {"safetensors": ".safetensors", "npz": ".npz", "npz-deflated": ".npz", "npy": ".npy", "h5": ".h5"}
+TORCH_FIXTURES = Path(__file__).parent / "fixtures" / "torch"
+SUFFIX = {"safetensors": ".safetensors", "npz": ".npz", "npz-deflated": ".npz", "npy": ".npy", "h5": ".h5",
+          "pt": ".pt", "pt-torch": ".pt", "pt-legacy": ".pt"}
 
 
 @st.composite

@@ -15,6 +15,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+import torch_helpers
 from click.testing import CliRunner
 from formats_helpers import read_all, safetensors_bytes
 
@@ -203,6 +204,8 @@ def big_file(folder: Path, suffix: str, mib: int = 48) -> Path:
         np.savez(path, a=data[: rows // 2], b=data[rows // 2:])
     elif suffix == ".safetensors":
         path.write_bytes(safetensors_bytes({"a": data[: rows // 2], "b": data[rows // 2:]}))
+    elif suffix == ".pt":
+        torch_helpers.save_arrays(path, {"a": data[: rows // 2], "b": data[rows // 2:]})
     else:
         with h5py.File(path, "w") as f:
             f.create_dataset("a", data=data[: rows // 2])
@@ -223,7 +226,7 @@ def interrupted(args: list[str], folder: Path, signum: int, delay: float) -> sub
     return subprocess.CompletedProcess(args, process.returncode, out, err)
 
 
-@pytest.mark.parametrize("suffix", [".npy", ".npz", ".safetensors", ".h5"])
+@pytest.mark.parametrize("suffix", [".npy", ".npz", ".safetensors", ".h5", ".pt"])
 @pytest.mark.parametrize("signum,delay", [(signal.SIGTERM, 0.0), (signal.SIGHUP, 0.05), (signal.SIGINT, 0.0),
                                           (signal.SIGKILL, 0.02)],
                          ids=["TERM", "HUP", "INT", "KILL"])

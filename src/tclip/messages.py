@@ -24,6 +24,7 @@ class Option(enum.Enum):
 
     FORCE = "overwrite=True"
     EXCLUDE = "an exclude pattern"
+    INCLUDE = "an include pattern"
     PROPAGATE = "nonfinite='propagate'"
     DROP_NONNUMERIC = "drop_nonnumeric=True"
     MEMORY = "the memory budget"

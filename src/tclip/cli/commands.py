@@ -25,6 +25,7 @@ from .params import (
     BOUND,
     FILES,
     POSITIVE,
+    TOLERANCE,
     AxesType,
     FiniteFloat,
     display_options,
@@ -40,12 +41,12 @@ from .params import (
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "-V", "--version", prog_name="tclip")
 def cli() -> None:
-    """Clip, inspect and compare tensors saved on disk (.npy, .npz, safetensors, HDF5).
+    """Clip, inspect and compare tensors saved on disk (.npy, .npz, safetensors, HDF5, PyTorch).
 
     Each clipping command writes NAME.clipped.EXT beside its input (see -o,
     --out-dir, --in-place) and prints a norm report; `report`, `info` and
     `diff` only read. A FILE may be a path, a quoted glob, a directory, or a
-    sharded checkpoint's index (model.safetensors.index.json).
+    sharded checkpoint's index (model.safetensors.index.json, pytorch_model.bin.index.json).
 
     \b
     Example:
@@ -203,7 +204,8 @@ def global_command(ctx: click.Context, clip_norm: float, use_norm: float | None,
 @click.option("--axes", type=AxesType(), default=None,
               help="Also report slice norms along these axes: largest, smallest, near-zero, worst by index.")
 @click.option("--max-norm", type=FiniteFloat(positive=True), default=None,
-              help="Exit 3 if the global norm (with --axes: any slice norm) exceeds this, or any NaN/Inf is found.")
+              help="Exit 3 if the global norm (with --axes: any slice norm, or the whole norm of a tensor whose "
+                   "rank cannot take them) exceeds this, any NaN/Inf is found, or a selected tensor cannot be read.")
 @click.option("--sort", type=click.Choice(["name", "norm", "order"]), default="name", show_default=True,
               help="Rows by name (natural order: layers.2 before layers.10), largest norm first, or file order "
                    "(with --summary: files by path, by global norm, or as given).")
@@ -222,7 +224,8 @@ def report_command(ctx: click.Context, **kwargs: Any) -> None:
     """Report norms and statistics of every tensor; writes nothing.
 
     --max-norm turns it into a gate: exit status 3 when a limit is exceeded
-    (by more than 2 ulps of the tensor's dtype) or a NaN/Inf is found.
+    (by more than 2 ulps of the tensor's dtype), a NaN/Inf is found, or a
+    selected tensor could not be measured (--exclude it to gate the rest).
 
     \b
     Example:
@@ -258,9 +261,9 @@ def info_command(ctx: click.Context, **kwargs: Any) -> None:
 @cli.command("diff")
 @click.argument("a", type=FILES, metavar="A")
 @click.argument("b", type=FILES, metavar="B")
-@click.option("--rtol", type=FiniteFloat(allow_inf=False), default=0.0, show_default=True,
+@click.option("--rtol", type=TOLERANCE, default=0.0, show_default=True,
               help="Relative tolerance: elements differ when |a-b| > atol + rtol*|b| (numpy.isclose's rule).")
-@click.option("--atol", type=FiniteFloat(allow_inf=False), default=0.0, show_default=True,
+@click.option("--atol", type=TOLERANCE, default=0.0, show_default=True,
               help="Absolute tolerance (see --rtol). The defaults mean bit-for-bit equal values.")
 @click.option("--map", "mapping", multiple=True, metavar="OLD=NEW",
               help="Rename A's tensors before matching: a name or a glob with * (repeatable).")
@@ -276,9 +279,10 @@ def diff_command(ctx: click.Context, **kwargs: Any) -> None:
 
     Per tensor: ||a-b||, ||a-b||/||a||, max|a-b|, cosine similarity, the
     elements outside |a-b| <= atol + rtol*|b| (numpy.isclose's rule) and NaN/Inf
-    positions that differ (NaN equals NaN). Exit status 0 when both hold the
-    same names, shapes and values within tolerance, 3 when anything differs,
-    1 for an unreadable file.
+    positions that differ (NaN equals NaN); then file metadata and HDF5
+    attributes. Exit status 0 when both hold the same names, shapes, values
+    within tolerance and metadata, and everything could be compared; 3 when
+    anything differs or could not be compared; 1 for an unreadable file.
 
     \b
     Example:

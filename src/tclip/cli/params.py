@@ -16,13 +16,14 @@ import click
 
 
 class FiniteFloat(click.ParamType):
-    """A float that is not NaN; ``positive`` also requires > 0 (``inf`` allowed)."""
+    """A float that is not NaN; ``positive`` also requires > 0 (``inf`` allowed), ``nonnegative`` >= 0."""
 
     name = "float"
 
-    def __init__(self, positive: bool = False, allow_inf: bool = True) -> None:
+    def __init__(self, positive: bool = False, allow_inf: bool = True, nonnegative: bool = False) -> None:
         self.positive = positive
         self.allow_inf = allow_inf
+        self.nonnegative = nonnegative
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
         if isinstance(value, float):
@@ -38,6 +39,8 @@ class FiniteFloat(click.ParamType):
             self.fail("must be finite", param, ctx)
         if self.positive and number <= 0:
             self.fail(f"must be > 0, got {value}", param, ctx)
+        if self.nonnegative and number < 0:
+            self.fail(f"must be >= 0, got {value}", param, ctx)
         return number
 
 
@@ -81,6 +84,9 @@ POSITIVE = FiniteFloat(positive=True)
 
 
 BOUND = FiniteFloat()  # -inf/inf allowed: a one-sided clip
+
+
+TOLERANCE = FiniteFloat(allow_inf=False, nonnegative=True)  # diff's rtol/atol, as numpy.isclose takes them
 
 
 FILES = click.Path(dir_okay=True, file_okay=True)  # completes file names; globs are expanded by tclip

@@ -371,7 +371,7 @@ def run_report(*, files: tuple[str, ...], recursive: bool, order: str, axes: tup
                                  threads=threads or 0, max_norm=max_norm)
         if max_norm is not None:
             where = item.name if use_sets else item
-            if apply_gate(report, max_norm, axes is not None, where):
+            if apply_gate(report, max_norm, axes is not None, where, selection):
                 runner.checks_failed.append(str(where))
         return report
 
@@ -434,7 +434,8 @@ def run_info(*, files: tuple[str, ...], recursive: bool, sort: str, as_json: boo
 def run_diff(*, a: str, b: str, rtol: float, atol: float, mapping: tuple[str, ...], sort: str, top: int | None,
              include: tuple[str, ...], exclude: tuple[str, ...], as_json: bool, quiet: bool, color: str,
              threads: int | None, memory: int) -> int:
-    from ..work.diff import diff_files, parse_mapping
+    from ..work.diff import diff_files
+    from ..work.mapping import parse_mapping
     from ..work.inputs import diff_input
     from ..work.selection import Selection
     from .render.diff import render_diff
@@ -452,12 +453,15 @@ def run_diff(*, a: str, b: str, rtol: float, atol: float, mapping: tuple[str, ..
                                                      memory=memory, threads=threads or 0))
     if result is None:
         return EXIT_FAILED
+    for warning in result.warnings:
+        runner.note(name, warning)
     if as_json:
         runner.emit(result.to_json(flag))
     elif not quiet:
         render_diff(result, runner.out, runner.width, sort=sort, top=top)
-    if result.differs:
+    if not result.same:
         if quiet and not as_json:
-            runner.say(f"Warning: {safe(a)} and {safe(b)} differ: {result.summary_line()}")
+            what = "differ" if result.differs else "were not all compared"
+            runner.say(f"Warning: {safe(a)} and {safe(b)} {what}: {result.summary_line()}")
         return EXIT_CHECK_FAILED
     return 0

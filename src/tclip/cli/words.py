@@ -12,6 +12,7 @@ from ..messages import Option
 FLAGS = {
     Option.FORCE: "--force",
     Option.EXCLUDE: "--exclude",
+    Option.INCLUDE: "--include",
     Option.PROPAGATE: "--nonfinite propagate",
     Option.DROP_NONNUMERIC: "--drop-nonnumeric",
     Option.MEMORY: "--memory",

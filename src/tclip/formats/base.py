@@ -23,10 +23,10 @@ import math
 import os
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -44,30 +44,108 @@ from ._io import (
 from .atomic import AtomicOutput
 
 
-class Encoding(Protocol):
-    """How a *logical* tensor's values come from what the file stores (not built yet).
+@dataclass(frozen=True)
+class EncodingSummary:
+    """What the passes, the plan and the reports need to know of an encoding, without its data
+    (plain and picklable: it crosses process boundaries with a file's statistics).
 
-    A weight may be stored as several stored tensors (FP8/NVFP4 codes plus scale
-    tensors, possibly in other shards) or as one stored tensor of quantized blocks
-    (GGUF's Q4_K ...). A reader describes such a weight by one :class:`TensorInfo`
-    of its logical shape and dtype whose ``encoding`` says how to get its values:
-
-    - ``parts``: the names of the stored tensors it is made of;
-    - ``source(reader, info)``: an object with ``dtype``, ``parallel_safe`` and
-      ``read(start, stop, out)`` giving elements ``[start, stop)`` of the logical
-      tensor (see :mod:`tclip.work.passes`, whose walks get every unit's data
-      through such a source);
-    - ``sink(writer, info)``: the same for writing (``parallel_safe``,
-      ``write(start, data)``), e.g. rewriting only the scales of a rescaled weight.
-
-    ``encoding`` None (every format today) means the stored values are the values.
+    Attributes:
+        scheme: short, for tables (``e4m3 xf32 128x128``, ``nvfp4 xe4m3 1x16 xf32``, ``Q8_0``).
+        convention: who stores weights this way, for people (``fp8 block (DeepSeek)``).
+        parts: every stored tensor it is made of, as (name, role, dtype, shape), codes (or
+            blocks) first; roles: ``codes``, ``scales``, ``global scale``, ``blocks``, ``part``.
+        rescaled: the parts a rescale rewrites (never codes that are not also scales).
+        factors: which factors a rescale applies: ``"any"`` (each scale rounded once in its
+            dtype), ``"power of two"`` (exactly, E8M0 exponents), ``"none"``.
+        per_row: a rescale can take one factor per row (per slice along the last axis):
+            every scale it rewrites belongs to one row.
+        problem: recognised as encoded but not understood (why): never measured, never
+            rescaled; None when understood.
     """
 
-    parts: tuple[str, ...]
+    scheme: str
+    convention: str
+    parts: tuple[tuple[str, str, str, tuple[int, ...]], ...]
+    rescaled: tuple[str, ...] = ()
+    factors: str = "any"
+    per_row: bool = False
+    problem: str | None = None
 
-    def source(self, reader: "TensorReader", info: "TensorInfo") -> Any: ...
 
-    def sink(self, writer: "TensorWriter", info: "TensorInfo") -> Any: ...
+class Encoding(ABC):
+    """How a *logical* tensor's values come from what the file stores.
+
+    A weight may be stored as several stored tensors (FP8/NVFP4 codes plus scale
+    tensors, possibly in other shards of a set: :mod:`tclip.formats.quant_encoding`)
+    or as one stored tensor of quantized blocks (GGUF's Q8_0 ... Q6_K). A reader
+    describes such a weight by one :class:`TensorInfo` of its logical shape whose
+    ``encoding`` is one of these; its ``dtype`` is the floating type in which a rescale
+    rounds (the rewritten scales' dtype: the ``--max-norm`` gate's tolerance follows it)
+    and ``nbytes`` is :attr:`nbytes` (the stored parts' bytes).
+
+    The contract (every method gets the reader that listed ``info``; it reads the stored
+    parts with :meth:`TensorReader.read_part`, whichever file of a set holds them):
+
+    - :attr:`summary`: an :class:`EncodingSummary`.
+    - :meth:`source`: the logical values, float64, in C order of the logical shape
+      (a ``tclip.work.passes.Source``: ``dtype``, ``parallel_safe``, ``align``,
+      ``read(start, stop, out)``). Used where values are needed as values: ``diff``.
+    - :meth:`reducer`: the statistics of units in closed form. A ``Source`` whose
+      ``read(start, stop, out)`` returns whatever raw data it wants for elements
+      ``[start, stop)`` (a run of whole units of ``UnitGrid.of(info.shape, unit_elements)``,
+      ``unit_elements`` the reducer's attribute if it has one; its
+      ``dtype.itemsize`` is what an element costs the block budget; the data has
+      ``nbytes``, the bytes read, for progress), plus
+      ``reduce(data, grid, first, stop, stats, scratch) -> (results, findings)``: for each
+      unit ``first..stop-1`` the tuple :meth:`tclip.core.stats.TensorStats.reduce` gives
+      (sum of squares -- per slice when ``stats.axes`` -- smallest, largest, NaN count,
+      Inf count, sum of ``|x|`` when ``stats.track_l1``, element count, moments when
+      ``stats.track_moments``), and a :class:`tclip.core.quant.Findings` (or None) of what
+      the stored parts held (NaN codes, NaN/Inf/zero scales, with positions). Results
+      must depend on the units alone (never on blocks or threads); findings merge in any
+      order. With ``factor`` it gives the statistics of the tensor as :meth:`rescale`
+      by that factor would leave it (pass 2's after-statistics, nothing written).
+    - :meth:`rescale`: jobs that write the parts a rescale by ``factor`` rewrites --
+      those this writer's file holds -- through ``writer.write_flat``; every other
+      part is copied by the pass as it is. ``factor`` is a 0-d float64 array, or one
+      factor per row in keepdims form (``[..., rows, 1]``, only where ``summary.per_row``).
+      Raises ValueError when it cannot be done exactly as ``summary.factors`` promises.
+
+    The two kinds of stored layout:
+
+    (a) codes plus scale tensors (:class:`~tclip.formats.quant_encoding.BlockScaled`): a
+        view (:class:`~tclip.formats.quant_encoding.LogicalReader`) lists the weight in
+        place of its parts, which it reads from whichever file holds them; the writer
+        writes the stored tensors, the jobs only the scale parts.
+    (b) one stored tensor of blocks (GGUF, the test suite's toy Q8_0): the format's reader
+        lists the encoded tensor under its stored name, with ``nbytes`` the blob's size; its
+        ``read_part(name, start, stop)`` gives the blob's raw bytes ``[start, stop)``, and a
+        :class:`PositionalWriter` takes them back as ``write_flat(name, start, uint8 data)``
+        (a job writes the blocks with their scales rewritten; an untouched blob is copied).
+    """
+
+    @property
+    @abstractmethod
+    def summary(self) -> EncodingSummary:
+        """What the encoding is (see :class:`EncodingSummary`)."""
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of every stored part."""
+        return 0
+
+    @abstractmethod
+    def source(self, reader: "TensorReader", info: "TensorInfo") -> Any:
+        """The logical values (float64, C order)."""
+
+    @abstractmethod
+    def reducer(self, reader: "TensorReader", info: "TensorInfo", factor: np.ndarray | None = None) -> Any:
+        """Closed-form statistics per unit (after a rescale by ``factor`` when given)."""
+
+    @abstractmethod
+    def rescale(self, reader: "TensorReader", writer: "TensorWriter", info: "TensorInfo",
+                factor: np.ndarray) -> list[tuple[str, Callable[[], int]]]:
+        """(stored part, job) for each part of this file a rescale rewrites; a job returns its bytes."""
 
 
 @dataclass(slots=True)
@@ -86,8 +164,16 @@ class TensorInfo:
             will), e.g. HDF5 external storage or a virtual dataset, whose data
             lives in other files. Such a tensor is never read nor written.
         dtype_label: shown instead of the dtype for data that is not numbers.
+        unreadable_type: the data is of a type tclip cannot read although it may
+            hold numbers (a newer safetensors dtype such as F4): carried as bytes, never
+            measured, so a check never passes over it.
+        optimizer_state: the tensor is a training optimizer's state saved beside the
+            weights (a Keras file's Adam moments, iteration count, learning rate):
+            left as it is unless an include pattern names it.
         encoding: how the values come from stored parts (:class:`Encoding`);
             None: the stored elements are the values.
+        role: what a tensor that is neither weight nor gradient is for (an activation
+            scale of a quantized checkpoint): it is left out of norms and clips.
     """
 
     name: str
@@ -99,6 +185,9 @@ class TensorInfo:
     refused: str | None = field(default=None, compare=False)
     dtype_label: str | None = field(default=None, compare=False)
     encoding: Encoding | None = field(default=None, compare=False)
+    unreadable_type: bool = field(default=False, compare=False)
+    optimizer_state: bool = field(default=False, compare=False)
+    role: str | None = field(default=None, compare=False)
 
     @property
     def size(self) -> int:
@@ -106,6 +195,8 @@ class TensorInfo:
 
     @property
     def nbytes(self) -> int:
+        if self.encoding is not None:
+            return self.encoding.nbytes
         return self.size * self.dtype.itemsize
 
     @property
@@ -129,6 +220,7 @@ class OtherObject:
     shape: tuple[int, ...] | None = None
     dtype: str = ""
     numeric: bool = False  # plain numbers another format could hold (a dimension scale)
+    unreadable_type: bool = False  # a type tclip cannot read, which may hold numbers (quad floats): never measured
 
 
 def checked_size(shape: tuple[int, ...], itemsize: int, path: object, name: str) -> int:
@@ -155,6 +247,7 @@ class TensorReader(ABC):
         self.tensors: dict[str, TensorInfo] = {}
         self.metadata: dict[str, Any] = {}
         self.others: list[OtherObject] = []  # what is not a tensor (HDF5 strings, scales...)
+        self.group_attributes: dict[str, dict[str, Any]] = {}  # attributes of containers (HDF5 groups), by path
 
     def __enter__(self) -> "TensorReader":
         return self
@@ -185,6 +278,17 @@ class TensorReader(ABC):
     def parallel_safe(self, name: str) -> bool:
         """Whether :meth:`read_flat` of this tensor may run on several threads at once."""
         return self.region(name) is not None
+
+    def shared_storage(self) -> list[tuple[str, ...]]:
+        """Groups of tensors stored in one buffer of the file (a PyTorch storage viewed by
+        several tensors: tied weights, slices of one buffer), for people. None elsewhere."""
+        return []
+
+    def overlaps(self) -> list[tuple[str, str, bool]]:
+        """Pairs ``(first, second, same_view)`` of tensors whose data share bytes of the file
+        (tied weights and views of one buffer in a PyTorch file): rewriting the file in its
+        own format writes such bytes once. None where every tensor has bytes of its own."""
+        return []
 
     def lost_in_conversion(self) -> list[str]:
         """What this file holds that only its own format can carry (for people): what a
@@ -227,6 +331,16 @@ class TensorReader(ABC):
     def align(self, name: str) -> int:
         """Blocks should end on multiples of this many elements (0: anywhere), e.g. HDF5 chunk rows."""
         return 0
+
+    def read_part(self, name: str, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Elements ``[start, stop)`` of a *stored* tensor, also one that is a part of a logical
+        tensor (and so not in :attr:`tensors`): what encodings read. Readers that list logical
+        tensors under stored names, or keep parts in other files, override it."""
+        return self.read_flat(name, start, stop, out)
+
+    def part_parallel_safe(self, name: str) -> bool:
+        """Whether :meth:`read_part` of this stored tensor may run on several threads at once."""
+        return self.parallel_safe(name)
 
     def read_flat(self, name: str, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
         """Elements ``[start, stop)`` in storage order, as a 1-D array of the tensor's dtype.
@@ -357,6 +471,8 @@ class PositionalWriter(TensorWriter):
     The temporary file is sized at once; runs are written with ``pwrite`` at
     their offsets in any order, from any thread; untouched tensors are copied
     in the kernel. A tensor is complete when every one of its bytes was written.
+    An encoded tensor listed under its stored name (one stored tensor of quantized
+    blocks) takes raw bytes: ``write_flat(name, first byte, uint8 data)``.
     """
 
     def __init__(self, target: Path, tensors: list[TensorInfo], output: AtomicOutput) -> None:
@@ -375,7 +491,13 @@ class PositionalWriter(TensorWriter):
         return True
 
     def _stored_dtype(self, name: str) -> np.dtype:
-        return self.tensors[name].dtype
+        info = self.tensors[name]
+        return np.dtype(np.uint8) if info.encoding is not None else info.dtype
+
+    def _items(self, name: str) -> int:
+        """How many stored items (elements, or bytes of an encoded tensor) ``name`` has."""
+        info = self.tensors[name]
+        return info.nbytes if info.encoding is not None else info.size
 
     def write_flat(self, name: str, start: int, data: np.ndarray) -> None:
         dtype = self._stored_dtype(name)
@@ -399,7 +521,7 @@ class PositionalWriter(TensorWriter):
         info = self.tensors[name]
         copy_range(source_fd, source_offset, info.nbytes, self._fd, self.offsets[name], path)
         with self._lock:
-            self._written[name] = self._written.get(name, 0) + info.size
+            self._written[name] = self._written.get(name, 0) + self._items(name)
 
     def copy_tensor(self, reader: TensorReader, name: str, max_bytes: int = DEFAULT_BLOCK_BYTES) -> None:
         region = reader.region(name)
@@ -409,14 +531,14 @@ class PositionalWriter(TensorWriter):
                 and source.fortran_order == info.fortran_order and source.shape == info.shape:
             self.copy_region(name, region[0], region[1], reader.path)
             return
-        size = info.size
-        step = max(1, max_bytes // max(1, info.dtype.itemsize))
+        size = self._items(name)
+        step = max(1, max_bytes // max(1, self._stored_dtype(name).itemsize))
         for start in range(0, size, step):
-            self.write_flat(name, start, reader.read_flat(name, start, min(size, start + step)))
+            self.write_flat(name, start, reader.read_part(name, start, min(size, start + step)))
 
     def _check_complete(self) -> None:
-        for name, info in self.tensors.items():
-            if self._written.get(name, 0) != info.size:
+        for name in self.tensors:
+            if self._written.get(name, 0) != self._items(name):
                 raise FormatError(f"internal error: tensor {name!r} incomplete", self.target)
 
     def _finish(self) -> None:

@@ -123,6 +123,11 @@ def foreign_storage(dataset: h5py.Dataset) -> str | None:
     return None
 
 
+# The kind of a dataset of a type tclip cannot read (times, bitfields, opaque data, quad
+# floats...): it may hold numbers, so no check passes over it (OtherObject.unreadable_type).
+UNSUPPORTED = "unsupported type"
+
+
 def classify(dataset: h5py.Dataset) -> tuple[str, str, bool] | None:
     """(kind, reason, numeric) for a dataset that is not a tensor tclip reads; None for a tensor."""
     h5py = import_h5py()
@@ -132,7 +137,7 @@ def classify(dataset: h5py.Dataset) -> tuple[str, str, bool] | None:
         type_class = dataset.id.get_type().get_class()
         names = {h5py.h5t.TIME: "an HDF5 time type", h5py.h5t.BITFIELD: "a bitfield type",
                  h5py.h5t.OPAQUE: "an opaque type"}
-        return "unsupported type", f"{names.get(type_class, 'a type NumPy cannot hold')} is not supported", False
+        return UNSUPPORTED, f"{names.get(type_class, 'a type NumPy cannot hold')} is not supported", False
     if dataset.shape is None:
         return "empty dataset", "holds no data (null dataspace)", False
     if h5py.h5ds.is_scale(dataset.id):
@@ -147,11 +152,11 @@ def classify(dataset: h5py.Dataset) -> tuple[str, str, bool] | None:
     if dtype.fields is not None:
         return "compound dataset", "compound records, not numbers", False
     if dtype.kind not in "biufc":
-        return "unsupported type", f"{dtype} is not a numeric type", False
+        return UNSUPPORTED, f"{dtype} is not a numeric type", False
     if dtype.kind in "fc" and dtype.itemsize > (16 if dtype.kind == "c" else 8):
-        return "unsupported type", f"{dtype.itemsize * 8}-bit floats (quad precision) are not supported", False
+        return UNSUPPORTED, f"{dtype.itemsize * 8}-bit floats (quad precision) are not supported", False
     if dtype.kind == "f" and dataset.id.get_type().get_size() != dtype.itemsize:
-        return "unsupported type", "a non-standard floating-point layout is not supported", False
+        return UNSUPPORTED, "a non-standard floating-point layout is not supported", False
     return None
 
 
@@ -288,6 +293,7 @@ class Hdf5Reader(TensorReader):
             self.metadata = attributes(self.file)
             self._note_header(self.file, "the root group")
             self._walk(self.file, set())
+            self._mark_optimizer_state()
             self._check_overlaps()
         except (FormatError, UnsupportedError):
             self.close()
@@ -320,6 +326,31 @@ class Hdf5Reader(TensorReader):
             elif isinstance(obj, h5py.Dataset):
                 self._add_dataset(obj)
 
+    def _mark_optimizer_state(self) -> None:
+        """Flag the variables of the optimizer a Keras file saved beside the weights: under
+        ``optimizer/`` in Keras 3's layout (``layers/``, ``vars``, ``optimizer/vars``), under
+        ``optimizer_weights/`` in the legacy one (``model_weights/`` or a ``keras_version``)."""
+        h5py = import_h5py()
+        root = self.file
+
+        def group(name: str) -> bool:
+            try:
+                link = root.get(name, getlink=True)
+                return isinstance(link, h5py.HardLink) and isinstance(root.get(name), h5py.Group)
+            except _H5_ERRORS:
+                return False
+
+        prefixes = []
+        if group("optimizer") and group("optimizer/vars") and (group("layers") or group("vars")):
+            prefixes.append("optimizer/")
+        if group("optimizer_weights") and (group("model_weights") or "keras_version" in self.metadata):
+            prefixes.append("optimizer_weights/")
+        if not prefixes:
+            return
+        for name, info in self.tensors.items():
+            if name.startswith(tuple(prefixes)):
+                info.optimizer_state = True
+
     def _add_dataset(self, dataset: h5py.Dataset) -> None:
         h5py = import_h5py()
         name = dataset.name.lstrip("/")
@@ -331,7 +362,8 @@ class Hdf5Reader(TensorReader):
                 shape, dtype = dataset.shape, str(dataset.dtype)
             except _H5_ERRORS:
                 shape, dtype = None, "?"
-            self.others.append(OtherObject(name, kind, reason, shape, dtype, numeric))
+            self.others.append(OtherObject(name, kind, reason, shape, dtype, numeric,
+                                           unreadable_type=kind == UNSUPPORTED))
             return
         info = TensorInfo(name, tuple(dataset.shape), dataset.dtype, attrs=attributes(dataset),
                           refused=foreign_storage(dataset) or self._bomb(dataset) or _unreadable_filters(dataset))

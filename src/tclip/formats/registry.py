@@ -4,8 +4,8 @@ A format is one module exporting:
 
 - ``NAME``: its name in reports and JSON (``"safetensors"``);
 - ``SUFFIXES``: the file name endings it is recognised and written by, lower case;
-- ``sniff(head: bytes, size: int) -> bool``: whether the first 16 bytes of a file of
-  ``size`` bytes are this format's;
+- ``sniff(head: bytes, size: int) -> bool``: whether the first bytes of a file of
+  ``size`` bytes (``HEAD_BYTES``, fewer when the file is shorter) are this format's;
 - ``Reader(path)``: a :class:`~tclip.formats.base.TensorReader`;
 - ``Writer(target, tensors, output, *, like, metadata, rewritten)``: a
   :class:`~tclip.formats.base.TensorWriter` of ``tensors`` (``TensorInfo`` list)
@@ -16,16 +16,20 @@ A format is one module exporting:
 
 and optionally ``HOLDS_METADATA`` (whether its files carry file-level metadata;
 False when absent), ``KEPT_ENDINGS`` (name endings an output keeps whole, e.g.
-Keras' ``.weights.h5``) and ``sniff_file(handle, size) -> bool`` (for a signature
-that need not be at the start, as HDF5's behind a user block).
+Keras' ``.weights.h5``), ``SNIFF_BEFORE`` (names of formats whose sniff would
+claim this format's files too, so this one's is tried first), ``CONTENT_SUFFIXES`` (suffixes that name other things
+too, as ``.bin``: directories and globs pick up such a file only when a sniff
+claims it) and ``sniff_file(handle, size) -> bool`` (for a signature that need
+not be at the start, as HDF5's behind a user block).
 
 A format module imports its heavy libraries inside its functions, so importing
 this registry (which imports every format module) costs NumPy and nothing more:
 a run that never meets an HDF5 file never imports h5py. :func:`register` adds a
 format at run time (a test's toy format, a plugin).
 
-Formats are detected by content (the sniffs, in registration order) first, then
-by suffix; the output format follows the output path's suffix, so writing
+Formats are detected by content (the sniffs, in registration order but for
+``SNIFF_BEFORE``: PyTorch's sniff claims the zips ``torch.save`` writes, .npz's any
+zip) first, then by suffix; the output format follows the output path's suffix, so writing
 ``x.safetensors`` from an .npz converts it.
 """
 
@@ -42,16 +46,18 @@ from typing import Any
 
 from ..errors import FormatError, TclipError
 from . import hdf5, npy, npz, safetensors
+from . import torch as pytorch
 from .atomic import AtomicOutput
 from .base import TensorInfo, TensorReader, TensorWriter
 
-FORMATS: list[ModuleType] = [npy, npz, safetensors, hdf5]
+FORMATS: list[ModuleType] = [npy, npz, safetensors, hdf5, pytorch]
 _REQUIRED = ("NAME", "SUFFIXES", "sniff", "Reader", "Writer")
 
 # What a damaged file makes parsers raise besides tclip's own errors.
 _MALFORMED = (ValueError, TypeError, KeyError, IndexError, OverflowError, struct.error, RecursionError,
               UnicodeError, NotImplementedError, RuntimeError, EOFError, LookupError)
-HEAD_BYTES = 16
+# What the sniffs see of a file: a zip's first member name is at byte 30.
+HEAD_BYTES = 512
 
 
 def register(module: ModuleType) -> None:
@@ -86,6 +92,41 @@ def kept_endings() -> tuple[str, ...]:
     return tuple(ending for module in FORMATS for ending in getattr(module, "KEPT_ENDINGS", ()))
 
 
+def sniff_order() -> list[ModuleType]:
+    """The formats in the order their sniffs are tried: registration order, each format moved
+    before the formats its ``SNIFF_BEFORE`` names."""
+    order = list(FORMATS)
+    for module in FORMATS:
+        before = [i for i, m in enumerate(order) if m.NAME in getattr(module, "SNIFF_BEFORE", ())]
+        if before and order.index(module) > min(before):
+            order.remove(module)
+            order.insert(min(before), module)
+    return order
+
+
+def content_suffixes() -> frozenset[str]:
+    """Suffixes a file must also be claimed by content to count as a tensor file (``.bin``)."""
+    return frozenset(s for module in FORMATS for s in getattr(module, "CONTENT_SUFFIXES", ()))
+
+
+def claimed_by_content(path: Path) -> bool:
+    """Whether a format's sniff claims the regular file ``path`` (False when it cannot be read)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return False
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return False
+        head = os.pread(fd, HEAD_BYTES, 0)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return any(m.sniff(head, info.st_size) for m in sniff_order())
+
+
 def suffix_list(last: str = "or") -> str:
     """``.npy, .npz, .safetensors, .h5 or .hdf5`` for messages."""
     every = list(suffixes())
@@ -115,7 +156,7 @@ def detect_format(path: Path) -> str:
         with os.fdopen(fd, "rb") as handle:
             head = handle.read(HEAD_BYTES)
             size = path.stat().st_size
-            found = next((m.NAME for m in FORMATS if m.sniff(head, size)), None)
+            found = next((m.NAME for m in sniff_order() if m.sniff(head, size)), None)
             if found is None:
                 found = next((m.NAME for m in FORMATS if hasattr(m, "sniff_file") and m.sniff_file(handle, size)),
                              None)
@@ -127,8 +168,8 @@ def detect_format(path: Path) -> str:
         raise TclipError("permission denied", path) from None
     except OSError as error:
         raise TclipError(f"cannot read ({error.strerror or error})", path) from None
-    if found is None:
-        found = format_for_suffix(path)
+    if found is None and Path(path).suffix.lower() not in content_suffixes():
+        found = format_for_suffix(path)  # (a .bin no sniff claims is not taken for a PyTorch file)
     if found is None:
         known = ", ".join("/".join(m.SUFFIXES) for m in FORMATS)
         raise FormatError(f"not a tensor file tclip knows ({known})", path)

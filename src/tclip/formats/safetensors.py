@@ -61,11 +61,15 @@ DTYPES: dict[str, np.dtype] = {
 }
 if hasattr(ml_dtypes, "float8_e8m0fnu"):
     DTYPES["F8_E8M0"] = np.dtype(ml_dtypes.float8_e8m0fnu)
+# AMD's float8 variants (safetensors 0.8): one NaN (0x80), no negative zero, bias one higher.
+DTYPES["F8_E4M3FNUZ"] = np.dtype(ml_dtypes.float8_e4m3fnuz)
+DTYPES["F8_E5M2FNUZ"] = np.dtype(ml_dtypes.float8_e5m2fnuz)
 
 # Dtypes of the spec that tclip carries byte for byte without reading them, with their
 # bits per element, so that a header's byte count is checked as the library checks it.
 # The sub-byte types record the logical element count: an F4 tensor of shape [3, 8]
 # (what torch calls float4_e2m1fn_x2 of shape [3, 4]) holds 12 bytes (safetensors >= 0.6).
+# The 8-bit ones are read (DTYPES) where ml_dtypes has them; listed here for older ml_dtypes.
 CARRIED_BITS: dict[str, int] = {"F4": 4, "F6_E2M3": 6, "F6_E3M2": 6, "F8_E8M0": 8,
                                 "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8}
 
@@ -158,7 +162,8 @@ class SafetensorsReader(TensorReader):
                 self.tensors[name] = TensorInfo(name, shape, dtype, attrs=_NO_ATTRS)
             else:
                 self.tensors[name] = TensorInfo(name, shape, dtype, numeric=False, attrs=_NO_ATTRS,
-                                                dtype_label=f"{code} {header[name]['shape']} (not supported)")
+                                                dtype_label=f"{code} {header[name]['shape']} (not supported)",
+                                                unreadable_type=True)
             self.offsets[name] = self.data_start + begin
         if position != data_size:
             raise FormatError(f"the data is {data_size} bytes but the tensors cover {position}", path)
@@ -173,7 +178,7 @@ class SafetensorsReader(TensorReader):
         if not isinstance(shape, list):
             raise FormatError(f"tensor {name!r}: invalid shape {shape!r}", path)
         if code not in DTYPES:
-            # A dtype tclip cannot read (F4, F6_E2M3, the FNUZ float8s, a newer spec's name): its
+            # A dtype tclip cannot read (F4, F6_E2M3, a newer spec's name): its
             # bytes are carried unchanged, never read. They are described as that many single
             # bytes (a void type of the whole size cannot pass 2**31 - 1 bytes).
             elements = checked_size(tuple(shape), 1, path, name)

@@ -131,7 +131,7 @@ def resolve(tensor_set: TensorSet) -> TensorSet:
 
 def write_index(tensor_set: TensorSet, target: Path, shards: list[Path | None], overwrite: bool) -> None:
     """The index, last: same weight_map, total_size recomputed from the written shards'
-    headers (all of them: a resumed run rewrites only some)."""
+    headers (all of them: a resumed run rewrites only some), tied tensors counted once."""
     data = json.loads(json.dumps(tensor_set.index_data))
     metadata = dict(data.get("metadata") or {})
     metadata.pop(IN_PROGRESS_KEY, None)
@@ -139,7 +139,9 @@ def write_index(tensor_set: TensorSet, target: Path, shards: list[Path | None], 
     for shard in shards:
         assert shard is not None
         with open_reader(shard) as reader:
-            total += sum(t.nbytes for t in reader.tensors.values())
+            # a tensor tied to another (one storage, as torch.save keeps it) is stored once
+            tied = {second for _, second, same in reader.overlaps() if same}
+            total += sum(t.nbytes for name, t in reader.tensors.items() if name not in tied)
     metadata["total_size"] = total
     data["metadata"] = metadata
     write_json(target, data, tensor_set.index, overwrite=overwrite)

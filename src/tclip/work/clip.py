@@ -11,7 +11,9 @@ import numpy as np
 
 from ..core.modes import Mode, NormClip, ValueClip, value_bounds
 from ..errors import OutputExistsError
-from ..formats import open_reader
+from ..formats.quant_encoding import open_logical
+from ..formats.quant_layout import QuantLayout
+from ..formats.registry import output_format
 from ..messages import Option
 from .budget import Budget
 from .inputs import check_outputs, output_for
@@ -19,11 +21,13 @@ from .options import ClipOptions
 from .passes import HeldTensors, Progress
 from .plan import make_plan
 from .policy import check_nonfinite, check_selection
+from .quantized import check_quantized_plan, quantized_notes
 from .reporting import finish_report, mode_params, report_from_stats, start_report
 from .results import FileReport, InfoReport, InfoTensor, Note, NoteKind, OtherReport
 from .rewrite import rewrite_file
 from .selection import Selection, select
 from .statistics import file_statistics
+from .tied import check_tied
 
 
 def clip_file(path: Path | str, mode: Mode, options: ClipOptions | None = None,
@@ -34,7 +38,7 @@ def clip_file(path: Path | str, mode: Mode, options: ClipOptions | None = None,
     :func:`make_plan`, :func:`rewrite_file`.
 
     Args:
-        path: the input file (.npy, .npz, .safetensors, .h5/.hdf5).
+        path: the input file (.npy, .npz, .safetensors, .h5/.hdf5, .pt/.pth/.bin).
         mode: :class:`NormClip`, :class:`AverageNormClip`,
             :class:`GlobalNormClip` or :class:`ValueClip`.
         options: output, selection and policies (:class:`ClipOptions`).
@@ -59,7 +63,7 @@ def clip_file(path: Path | str, mode: Mode, options: ClipOptions | None = None,
         value_bounds(np.dtype(np.float64), mode.clip_value_min, mode.clip_value_max)
     axes = mode.axes if isinstance(mode, NormClip) else None
     budget = options.budget
-    with open_reader(path) as reader:
+    with open_logical(path) as reader:
         entries, _ = select(reader, options.selection, axes)
         warnings = check_selection(entries, list(reader.tensors), mode, options, path)
         target = output_for(path, options)
@@ -84,9 +88,12 @@ def clip_file(path: Path | str, mode: Mode, options: ClipOptions | None = None,
         report.dry_run = options.dry_run
         if options.dry_run:
             report.would_write, report.output_exists = str(would_write), exists
-        report.warnings += warnings
+        report.warnings += warnings + quantized_notes([stats])
         check_nonfinite(report, options, path)
         plan = make_plan(mode, [stats])
+        if output_format(target or would_write, reader) in (None, reader.format_name):
+            check_tied(stats, plan.work[stats.path], mode.name)  # a conversion stores each tensor apart
+        check_quantized_plan(plan, [stats], path)
         rewrite = rewrite_file(reader, plan.work[stats.path], target, axes=axes,
                                overwrite=options.overwrite or options.in_place, budget=budget, progress=progress,
                                held=held, drop_nonnumeric=options.drop_nonnumeric,
@@ -130,12 +137,14 @@ def report_file(path: Path | str, *, axes: object = None, ord: str = "2", select
     return report
 
 
-def file_info(path: Path | str) -> InfoReport:
-    """Names, shapes, dtypes, sizes and metadata from the header alone."""
+def file_info(path: Path | str, layout: QuantLayout | None = None) -> InfoReport:
+    """Names, shapes, dtypes, sizes and metadata from the header alone; a quantized weight is
+    one tensor of its real shape, its scheme shown as its dtype (``layout``: of its set)."""
     path = Path(path)
-    with open_reader(path) as reader:
-        tensors = [InfoTensor(t.name, list(t.shape), t.dtype, t.nbytes, dict(t.attrs), t.refused, t.dtype_label)
+    with open_logical(path, layout, None if layout is None else str(path)) as reader:
+        tensors = [InfoTensor(t.name, list(t.shape), t.dtype, t.nbytes, dict(t.attrs), t.refused, t.dtype_label,
+                              None if t.encoding is None else t.encoding.summary, t.role)
                    for t in reader.tensors.values()]
-        others = [OtherReport(o.name, o.kind, o.reason, None if o.shape is None else list(o.shape), o.dtype)
-                  for o in reader.others]
-        return InfoReport(str(path), reader.format_name, path.stat().st_size, tensors, dict(reader.metadata), others)
+        others = [OtherReport.of(o) for o in reader.others]
+        return InfoReport(str(path), reader.format_name, path.stat().st_size, tensors, dict(reader.metadata), others,
+                          [list(names) for names in reader.shared_storage()])

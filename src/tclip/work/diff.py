@@ -13,14 +13,14 @@ so the numbers do not depend on the block size or the thread count:
   ``--use-system-epsilon`` treat them); the norms are over the positions where
   both values are finite.
 
-Tensors of different dtypes are compared as values; integers exactly.
+Tensors of different dtypes are compared as values; 64-bit integers exactly, against
+integers or floats (``2**53 + 1`` is not ``2**53``).
 """
 
 from __future__ import annotations
 
 import enum
 import math
-import re
 import time
 from contextlib import closing
 from dataclasses import asdict, dataclass, field
@@ -31,41 +31,19 @@ from typing import Any
 import numpy as np
 
 from ..core.compare import DiffSums, compare_unit, identical_unit
-from ..core.dtypes import is_bool, is_complex, is_floating, is_integral
+from ..core.dtypes import is_bool, is_complex, is_floating
 from ..core.kernels import Scratch
 from ..errors import TclipError
 from ..formats import TensorInfo, TensorReader
-from ..formats.sharded import open_any
+from ..formats.quant_encoding import open_any_logical
 from ..messages import Naming, Option, Tagged, library_name, spelled
+from ..text import name_list
 from .budget import Budget
+from .mapping import RenameRule, apply_mapping, suggest_mapping
+from .metadata_diff import MetadataDifference, metadata_differences
 from .passes import Block, pair_walk, run_pass
 from .results import SCHEMA_VERSION, dtype_text, json_safe
 from .selection import Selection
-
-
-def parse_mapping(items: tuple[str, ...] | list[str]) -> list[tuple[re.Pattern[str], str]]:
-    """``OLD=NEW`` rules; ``*`` in OLD matches any text, and each ``*`` in NEW takes what the
-    OLD ``*`` at the same place matched (``model.*=*`` drops a prefix)."""
-    rules = []
-    for item in items:
-        if "=" not in item:
-            raise ValueError(f"{item!r} is not OLD=NEW")
-        old, new = item.split("=", 1)
-        old, new = old.lstrip("/"), new.lstrip("/")
-        if new.count("*") > old.count("*"):
-            raise ValueError(f"{item!r}: NEW has more * than OLD")
-        pattern = re.compile("".join("(.*)" if c == "*" else re.escape(c) for c in old) + r"\Z")
-        rules.append((pattern, new))
-    return rules
-
-
-def apply_mapping(name: str, rules: list[tuple[re.Pattern[str], str]]) -> str:
-    for pattern, new in rules:
-        match = pattern.match(name)
-        if match:
-            groups = iter(match.groups())
-            return "".join(next(groups, "") if c == "*" else c for c in new)
-    return name
 
 
 class Status(str, enum.Enum):
@@ -83,6 +61,32 @@ class Status(str, enum.Enum):
 
 # Statuses that make two files differ whatever the values.
 UNMATCHED = (Status.ONLY_IN_A, Status.ONLY_IN_B, Status.SHAPE_DIFFERS)
+
+
+class Verdict(str, enum.Enum):
+    """The answer of a comparison (the JSON's ``verdict``): only ``SAME`` exits 0."""
+
+    SAME = "same"
+    DIFFER = "differ"
+    INCOMPLETE = "incomplete"  # nothing differs, but something could not be compared
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class DiffNoteKind(enum.Enum):
+    """What a comparison's warning is about."""
+
+    UNMATCHED_RULE = "a rename rule matches no tensor of A"
+    UNMATCHED_PATTERN = "a selection pattern matches no tensor"
+    NO_PAIRS = "no tensor names pair up"
+    METADATA_NOT_COMPARED = "one format holds no metadata"
+
+
+class DiffNote(Tagged):
+    """A warning of a comparison: its text (options in the library's words) and its :class:`DiffNoteKind`."""
+
+    kind: DiffNoteKind
 
 
 class RemarkKind(enum.Enum):
@@ -148,7 +152,9 @@ class DiffReport:
     global_norm_a: float = 0.0
     bytes_read: int = 0
     elapsed_s: float = 0.0
-    warnings: list[str] = field(default_factory=list)  # none yet; JSON has the field
+    warnings: list[DiffNote] = field(default_factory=list)
+    metadata_differences: list[MetadataDifference] = field(default_factory=list)
+    files_hold_tensors: bool = False  # either file holds something to compare (whatever the selection)
 
     @property
     def global_relative(self) -> float:
@@ -158,7 +164,27 @@ class DiffReport:
 
     @property
     def differs(self) -> bool:
-        return any(t.differs for t in self.tensors)
+        """A tensor differs, is on one side only or has another shape, or metadata differs."""
+        return bool(self.metadata_differences) or any(t.differs for t in self.tensors)
+
+    @property
+    def paired(self) -> int:
+        """How many names were found on both sides (compared or not)."""
+        return sum(t.status not in (Status.ONLY_IN_A, Status.ONLY_IN_B) for t in self.tensors)
+
+    @property
+    def verdict(self) -> Verdict:
+        """``SAME`` only when everything was compared and is equal: a comparison never passes
+        over what it could not compare, nor over files of which it compared nothing."""
+        if self.differs:
+            return Verdict.DIFFER
+        if self.count(Status.NOT_COMPARED) or (self.files_hold_tensors and not self.paired):
+            return Verdict.INCOMPLETE
+        return Verdict.SAME
+
+    @property
+    def same(self) -> bool:
+        return self.verdict is Verdict.SAME
 
     def count(self, status: Status) -> int:
         return sum(t.status is status for t in self.tensors)
@@ -171,7 +197,11 @@ class DiffReport:
             n = self.count(status)
             if n:
                 parts.append(f"{n} {status.value}")
-        parts.append(f"‖A−B‖ {self.global_diff_norm:.6g} ({self.global_relative:.3g} of ‖A‖)")
+        if self.metadata_differences:
+            n = len(self.metadata_differences)
+            parts.append(f"{n} metadata difference{'s' if n > 1 else ''}")
+        if compared:  # with nothing compared, a ‖A−B‖ of 0 would claim what was not measured
+            parts.append(f"‖A−B‖ {self.global_diff_norm:.6g} ({self.global_relative:.3g} of ‖A‖)")
         return ", ".join(parts)
 
     def to_json(self, name: Naming = library_name) -> dict[str, Any]:
@@ -189,12 +219,16 @@ class DiffReport:
             "b": self.b,
             "rtol": self.rtol,
             "atol": self.atol,
-            "same": not self.differs,
+            "same": self.same,
+            "verdict": self.verdict.value,
             "tensors_compared": self.count(Status.COMPARED),
             "tensors_differing": sum(t.differs for t in self.tensors),
             "only_in_a": [t.name for t in self.tensors if t.status is Status.ONLY_IN_A],
             "only_in_b": [t.name for t in self.tensors if t.status is Status.ONLY_IN_B],
             "shape_differs": [t.name for t in self.tensors if t.status is Status.SHAPE_DIFFERS],
+            "not_compared": [{"name": t.name, "reason": t.note} for t in self.tensors
+                             if t.status is Status.NOT_COMPARED],
+            "metadata_differences": [asdict(d) for d in self.metadata_differences],
             "global_diff_norm": self.global_diff_norm,
             "global_norm_a": self.global_norm_a,
             "global_relative": self.global_relative,
@@ -210,7 +244,7 @@ def _comparable(info: TensorInfo) -> bool:
 
 
 def diff_files(a: Path | str, b: Path | str, *, rtol: float = 0.0, atol: float = 0.0,
-               mapping: list[tuple[re.Pattern[str], str]] | None = None, selection: Selection | None = None,
+               mapping: list[RenameRule] | None = None, selection: Selection | None = None,
                memory: int = Budget.memory, threads: int = 0, block_bytes: int | None = None) -> "DiffReport":
     """Compare two files (or sharded sets, through their index) tensor by tensor.
 
@@ -218,12 +252,13 @@ def diff_files(a: Path | str, b: Path | str, *, rtol: float = 0.0, atol: float =
         a, b: any two supported files, of the same or different formats.
         rtol, atol: an element differs when ``|a-b| > atol + rtol*|b|``; the
             defaults (0) mean any difference in value.
-        mapping: rename rules for A's tensors (:func:`parse_mapping`).
+        mapping: rename rules for A's tensors (:func:`tclip.work.mapping.parse_mapping`).
         selection: include/exclude globs, over A's (renamed) names.
 
     Returns:
         A :class:`DiffReport`; ``differs`` is True when any tensor differs,
-        is missing on one side or has another shape.
+        is missing on one side or has another shape, or metadata differs;
+        ``verdict`` is ``SAME`` only when moreover everything was compared.
 
     Example:
         >>> report = diff_files("before.npz", "after.safetensors")  # doctest: +SKIP
@@ -235,10 +270,12 @@ def diff_files(a: Path | str, b: Path | str, *, rtol: float = 0.0, atol: float =
     selection = selection or Selection()
     rules = mapping or []
     report = DiffReport(str(a), str(b), rtol, atol)
-    with open_any(Path(a)) as reader_a, open_any(Path(b)) as reader_b:
+    # Quantized weights are compared as their real values, under their own names (scales are parts).
+    with open_any_logical(Path(a)) as reader_a, open_any_logical(Path(b)) as reader_b:
         renamed: dict[str, str] = {}
+        used: set[int] = set()  # the rules that renamed something
         for name in reader_a.tensors:
-            new = apply_mapping(name, rules)
+            new = _rename(name, rules, used)
             if new in renamed:
                 raise TclipError((Option.MAP, f" gives two tensors of A the name {new!r}: {renamed[new]!r} and "
                                                f"{name!r}"),
@@ -278,7 +315,15 @@ def diff_files(a: Path | str, b: Path | str, *, rtol: float = 0.0, atol: float =
             report.tensors.append(TensorDiff(name, None, None, list(info_b.shape), None, info_b.dtype,
                                              Status.ONLY_IN_B))
         _compare_pairs(reader_a, reader_b, pairs, report, Budget(memory, threads, block_bytes))
-        _compare_others(reader_a, reader_b, rules, selection, report, memory)
+        _compare_others(reader_a, reader_b, rules, selection, report, memory, used)
+        both = [(t.name, t.name_b or t.name) for t in report.tensors
+                if t.status not in (Status.ONLY_IN_A, Status.ONLY_IN_B) and t.name in reader_a.tensors]
+        whole = not (selection.include or selection.exclude)
+        report.metadata_differences, compared = metadata_differences(reader_a, reader_b, both, whole)
+        if not compared:
+            report.warnings.append(DiffNote(DiffNoteKind.METADATA_NOT_COMPARED,
+                                            "file metadata not compared: one of the formats holds none"))
+        _check_names(reader_a, reader_b, rules, used, selection, report)
     # The global figures cover floating tensors, as the report's global norm does (a step
     # counter would swamp them).
     compared = [t for t in report.tensors if t.status is Status.COMPARED and isinstance(t.dtype_a, np.dtype)
@@ -291,13 +336,51 @@ def diff_files(a: Path | str, b: Path | str, *, rtol: float = 0.0, atol: float =
     return report
 
 
-def _compare_others(reader_a: TensorReader, reader_b: TensorReader, rules: list[tuple[re.Pattern[str], str]],
-                    selection: Selection, report: "DiffReport", memory: int) -> None:
+def _rename(name: str, rules: list[RenameRule], used: set[int]) -> str:
+    """``name`` renamed by the first rule that matches it, noting which rule did."""
+    for i, rule in enumerate(rules):
+        renamed = rule.apply(name)
+        if renamed is not None:
+            used.add(i)
+            return renamed
+    return name
+
+
+def _check_names(reader_a: TensorReader, reader_b: TensorReader, rules: list[RenameRule], used: set[int],
+                 selection: Selection, report: "DiffReport") -> None:
+    """Warn of rename rules and patterns that match nothing; when no name pairs up, say so
+    and suggest the rename that would pair them."""
+    for i, rule in enumerate(rules):
+        if i not in used:
+            report.warnings.append(DiffNote(DiffNoteKind.UNMATCHED_RULE,
+                                            (Option.MAP, f" {rule.text!r} matches no tensor of A")))
+    names_a = [*reader_a.tensors, *(o.name for o in reader_a.others)]
+    names_b = [*reader_b.tensors, *(o.name for o in reader_b.others)]
+    renamed = [apply_mapping(n, rules) for n in names_a]
+    for pattern in selection.unmatched(renamed + names_b):
+        report.warnings.append(DiffNote(DiffNoteKind.UNMATCHED_PATTERN,
+                                        f"pattern {pattern!r} matches no tensor of A or B"))
+    report.files_hold_tensors = bool(names_a or names_b)
+    if report.paired or not (names_a and names_b):
+        return
+    only_a = [t.name for t in report.tensors if t.status is Status.ONLY_IN_A]
+    only_b = [t.name for t in report.tensors if t.status is Status.ONLY_IN_B]
+    message: tuple[str | Option, ...] = (f"no tensor names pair up (A: {name_list(only_a or names_a, 2)}; "
+                                         f"B: {name_list(only_b or names_b, 2)})",)
+    suggestion = suggest_mapping(list(reader_a.tensors), list(reader_b.tensors))
+    if suggestion is not None:
+        rule, paired = suggestion
+        message += ("; ", Option.MAP, f" {rule!r} would pair {paired:,} of {len(reader_a.tensors):,}")
+    report.warnings.append(DiffNote(DiffNoteKind.NO_PAIRS, message))
+
+
+def _compare_others(reader_a: TensorReader, reader_b: TensorReader, rules: list[RenameRule],
+                    selection: Selection, report: "DiffReport", memory: int, used: set[int]) -> None:
     """What is not a tensor (HDF5 string, compound, enum datasets, dimension scales): matched
     by name like tensors; equal when their values are (read as data, within ``memory``)."""
     others_b = {o.name: o for o in reader_b.others if selection.matches(o.name)}
     for other in reader_a.others:
-        new = apply_mapping(other.name, rules)
+        new = _rename(other.name, rules, used)
         if not selection.matches(new):
             continue
         entry = TensorDiff(other.name, new if new != other.name else None,
@@ -379,7 +462,6 @@ def _compare_pairs(reader_a: TensorReader, reader_b: TensorReader, pairs: list[t
 
     def compare(block: Block, scratch: Scratch) -> list[tuple]:
         a, b = block.data
-        exact_ints = is_integral(a.dtype) and is_integral(b.dtype)
         same_bytes = a.dtype == b.dtype and a.nbytes == b.nbytes and np.array_equal(
             a.view(np.uint8), b.view(np.uint8))
         buffer = scratch.work
@@ -388,7 +470,7 @@ def _compare_pairs(reader_a: TensorReader, reader_b: TensorReader, pairs: list[t
             if same_bytes and not is_complex(x.dtype):
                 results.append(identical_unit(x, buffer))
             else:
-                results.append(compare_unit(x, y, rtol, atol, exact_ints, buffer))
+                results.append(compare_unit(x, y, rtol, atol, buffer))
         return results
 
     def merge(block: Block, results: list[tuple]) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TclipError
-from ..formats.registry import kept_endings, suffixes
+from ..formats.registry import claimed_by_content, content_suffixes, kept_endings, suffixes
 from ..messages import Option
 from ..text import natural_key
 from .options import ClipOptions
@@ -85,7 +85,11 @@ def _same_file(a: Path, b: Path) -> bool:
 def is_tensor_file(path: Path) -> bool:
     own_output = path.stem.endswith(".clipped") or any(path.name.lower().endswith(".clipped" + ending)
                                                        for ending in kept_endings())
-    return path.suffix.lower() in suffixes() and not own_output
+    suffix = path.suffix.lower()
+    if suffix not in suffixes() or own_output:
+        return False
+    # a .bin may be anything (a tokenizer's or another tool's data): a tensor file when its content says so
+    return suffix not in content_suffixes() or claimed_by_content(path)
 
 
 def expand_files(items: tuple[str, ...], recursive: bool) -> Iterator[tuple[str, Path | None]]:

@@ -36,11 +36,22 @@ A walk never calls a reader or writer itself: it reads a tensor's elements
 through a :class:`Source` (``read(start, stop, out)``: elements ``[start, stop)``
 of the tensor in its storage order, as a 1-D array of ``dtype``) and writes them
 through a :class:`Sink` (``write(start, data)``). :func:`source_for` and
-:func:`sink_for` pick them; a tensor whose
-:class:`~tclip.formats.base.TensorInfo` carries an ``encoding`` (a weight stored
-as quantized codes plus scales, or as quantized blocks) gets the encoding's own
-source and sink, so statistics, rewrites and comparisons of logical tensors need
-no change here (see :class:`~tclip.formats.base.Encoding`).
+:func:`sink_for` pick them.
+
+A tensor whose :class:`~tclip.formats.base.TensorInfo` carries an ``encoding``
+(a weight stored as quantized codes plus scales, or as quantized blocks: see
+:class:`~tclip.formats.base.Encoding` for the contract) is walked differently:
+
+- statistics (pass 1, and pass 2's after-statistics) walk its *reducer*
+  (:func:`tensor_walk` sets :attr:`Walk.reducer`): a source of raw data whose
+  ``reduce`` gives each unit's result tuple in closed form, plus what the stored
+  parts held (:class:`~tclip.core.quant.Findings`); blocks, units and the order of
+  merging are the driver's as for every tensor, so the results are the same bits
+  for any thread count and block size;
+- values (``diff``) come from its ``source``: float64, C order;
+- it is never written through a sink: pass 2 runs the encoding's ``rescale`` jobs
+  (which rewrite only the parts that hold scales) as actions, and the parts it does
+  not rewrite are copied like any untouched tensor.
 """
 
 from __future__ import annotations
@@ -52,7 +63,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..core.kernels import Scratch
-from ..core.units import UnitGrid, flat_rectangles
+from ..core.units import UNIT_ELEMENTS, UnitGrid, flat_rectangles
 from ..formats import TensorReader, TensorWriter
 from .budget import BlockRunner, Budget, Job, tensor_jobs
 
@@ -176,10 +187,7 @@ def source_for(reader: TensorReader, name: str, held: HeldTensors | None = None)
 
 
 def sink_for(writer: TensorWriter, name: str) -> Sink:
-    """How a walk writes tensor ``name``: its encoding's sink, or the writer."""
-    info = writer.tensors[name]
-    if info.encoding is not None:
-        return info.encoding.sink(writer, info)  # type: ignore[no-any-return]
+    """How a walk writes stored tensor ``name`` (encoded tensors are rescaled by jobs, never sunk)."""
     return WriterSink(writer, name)
 
 
@@ -198,6 +206,9 @@ class Walk:
         axes: the reduction axes in the walked order (None: whole-tensor sums).
         mirrored: walked in the storage order of a Fortran-order tensor, so
             per-slice arrays of the logical tensor are seen through :meth:`view`.
+        reducer: an encoded tensor's reducer (also its one source): its
+            ``reduce(data, grid, first, stop, stats, scratch)`` gives the units'
+            statistics; None for stored values.
     """
 
     name: str
@@ -206,6 +217,7 @@ class Walk:
     sink: Sink | None = None
     axes: tuple[int, ...] | None = None
     mirrored: bool = False
+    reducer: Any = None
 
     @property
     def itemsize(self) -> int:
@@ -225,9 +237,17 @@ class Walk:
 
 
 def tensor_walk(reader: TensorReader, name: str, *, axes: tuple[int, ...] | None = None,
-                held: HeldTensors | None = None, writer: TensorWriter | None = None) -> Walk:
-    """Tensor ``name`` in its storage order (pass 1, pass 2); ``axes`` of the logical tensor."""
+                held: HeldTensors | None = None, writer: TensorWriter | None = None,
+                factor: np.ndarray | None = None) -> Walk:
+    """Tensor ``name`` in its storage order (pass 1, pass 2); ``axes`` of the logical tensor.
+
+    An encoded tensor is walked through its reducer (statistics only: no ``writer``), as a
+    rescale by ``factor`` would leave it when that is given."""
     info = reader.tensors[name]
+    if info.encoding is not None:
+        reducer = info.encoding.reducer(reader, info, factor)
+        grid = UnitGrid.of(tuple(info.shape), getattr(reducer, "unit_elements", UNIT_ELEMENTS))
+        return Walk(name, grid, (reducer,), None, axes, False, reducer)
     shape = info.storage_shape
     if axes is not None and info.fortran_order:
         axes = tuple(sorted(len(shape) - 1 - a for a in axes))
@@ -272,7 +292,12 @@ class Block:
 
     @property
     def nbytes(self) -> int:
-        return sum(d.nbytes for d in self.data)
+        """The bytes read for the block (a source of decoded values says how many it read)."""
+        total = 0
+        for source, data in zip(self.walk.sources, self.data):
+            stored = getattr(source, "stored_bytes", None)
+            total += stored(self.start, self.end) if stored is not None else data.nbytes
+        return total
 
 
 # --------------------------------------------------------------------------- the driver
@@ -334,7 +359,8 @@ def run_pass(steps: Iterable[Walk | Action], budget: Budget, work: Callable[[Blo
             walk = block.walk
             if walk.sink is not None and not written:
                 walk.sink.write(block.start, block.data[0])
-            if keep is not None and len(block.data) == 1 and block.start == 0 and block.end == walk.grid.size:
+            if keep is not None and walk.reducer is None and len(block.data) == 1 and block.start == 0 \
+                    and block.end == walk.grid.size:
                 keep.offer(walk.name, block.data[0])
             counts["read"] += block.nbytes
             advance(block.nbytes)

@@ -9,30 +9,10 @@ from ..errors import NonFiniteError, TclipError, UnsupportedError
 from ..messages import Option
 from ..text import name_list, natural_key
 from .options import ClipOptions
-from .quantized import describe, scale_companions
-from .reporting import unmatched_note
+from .quantized import check_quantized_selection
+from .reporting import optimizer_note, unmatched_note
 from .results import FileReport, Note, NoteKind
-from .selection import Selection, SkipKind, TensorEntry, is_rank_skip
-
-
-def refuse_quantized(names: list[str], selection: Selection, path: object) -> None:
-    """Refuse to clip a quantized weight (codes plus scale tensors) as if it were plain values.
-
-    Multiplying the codes rounds them again and multiplying codes and scales
-    scales the real weight twice: the model would be destroyed. Until tclip
-    clips such weights by their scales, a selected code or scale tensor is an error.
-    """
-    pairs = scale_companions(names)
-    hit = [(weight, scales) for weight, scales in pairs.items()
-           if any(selection.matches(n) for n in (weight, *scales))]
-    if not hit:
-        return
-    weight, scales = hit[0]
-    more = f" (and {len(hit) - 1} more quantized weight(s))" if len(hit) > 1 else ""
-    raise UnsupportedError((f"tensor {describe(weight, scales)}{more} is a quantized weight: its real values are "
-                            "codes times scales, and clipping codes or scales as plain values would destroy it; "
-                            "tclip does not clip quantized weights yet; nothing was written. Leave them out "
-                            "with ", Option.EXCLUDE, " to clip the rest"), path)
+from .selection import SkipKind, TensorEntry, is_rank_skip
 
 
 def check_selection(entries: list[TensorEntry], names: list[str], mode: Mode, options: ClipOptions,
@@ -41,11 +21,12 @@ def check_selection(entries: list[TensorEntry], names: list[str], mode: Mode, op
     and the warnings that go with what is not refused (returned).
 
     ``entries``: every tensor with its skip reason (:func:`~tclip.work.selection.select`);
-    ``names``: every tensor name of the file or set (for quantized weights and
-    patterns that match nothing); ``what``: "file" or "set", for messages.
+    ``names``: every tensor name of the file or set (for patterns that match nothing);
+    ``what``: "file" or "set", for messages. Quantized weights that cannot be clipped as
+    asked are refused here (:func:`~tclip.work.quantized.check_quantized_selection`).
     """
     selection = options.selection
-    refuse_quantized(names, selection, where)
+    check_quantized_selection(entries, mode, where)
     refused = [e for e in entries if e.skipped is not None and e.skipped.kind is SkipKind.REFUSED
                and is_floating(e.dtype)]
     if refused:
@@ -64,6 +45,10 @@ def check_selection(entries: list[TensorEntry], names: list[str], mode: Mode, op
                                            f"{what} ({listing}); nothing was written"), where)
         notes.append(Note(NoteKind.AXES_SKIPPED, f"{_tensors(len(rank_skips))} left unchanged: {listing}"))
     notes += [unmatched_note(pattern) for pattern in selection.unmatched(names)]
+    optimizer = optimizer_note([e.name for e in entries
+                                if e.skipped is not None and e.skipped.kind is SkipKind.OPTIMIZER_STATE], False)
+    if optimizer:
+        notes.append(optimizer)
     if not any(e.skipped is None for e in entries):
         notes.append(Note(NoteKind.NOTHING_SELECTED, "no floating-point tensor selected; the output is a copy"))
     return notes
@@ -98,7 +83,8 @@ def check_nonfinite(report: FileReport, options: ClipOptions, where: object) -> 
     parts = []
     for t in bad[:3]:
         counts = [f"{n:,} {label}" for n, label in ((t.nan, "NaN"), (t.inf, "Inf")) if n]
-        parts.append(f"{t.name} ({', '.join(counts)})")
+        detail = f": {t.nonfinite_where}" if t.nonfinite_where else ""  # a quantized weight: codes or scales
+        parts.append(f"{t.name} ({', '.join(counts)}{detail})")
     shown = name_list(parts, total=len(bad))
     raise NonFiniteError(("NaN/Inf values in " + shown + "; nothing was written (", Option.PROPAGATE,
                           " clips them as TensorFlow does)"), where)

@@ -10,10 +10,11 @@ import numpy as np
 from ..core.dtypes import is_complex
 from ..core.modes import GlobalNormClip, Mode, NormClip, ValueClip
 from ..core.stats import TensorStats
+from ..messages import Option
 from ..text import name_list
 from .gate import gate_tolerance
 from .plan import Plan
-from .quantized import describe, scale_companions
+from .quantized import nonfinite_detail, quantization_json, quantized_notes
 from .results import (
     NEAR_ZERO_NORM,
     WORST_SLICES,
@@ -24,7 +25,7 @@ from .results import (
     TensorReport,
 )
 from .rewrite import RewriteResult
-from .selection import Selection, is_rank_skip
+from .selection import Selection, SkipKind, is_rank_skip
 from .statistics import FileStats
 
 
@@ -46,12 +47,15 @@ def start_report(stats: FileStats, mode_name: str, params: dict[str, object]) ->
     for entry in stats.tensors:
         tensor = TensorReport(entry.name, list(entry.shape), entry.dtype, entry.nbytes, skipped=entry.skipped,
                               dtype_label=entry.dtype_label)
+        if entry.encoding is not None:
+            found = stats.findings.get(entry.name)
+            tensor.quantization = quantization_json(entry, found)
+            tensor.nonfinite_where = nonfinite_detail(found) or None
         s = stats.stats.get(entry.name)
         if s is not None:
             fill_before(tensor, s)
         report.tensors.append(tensor)
-    report.others = [OtherReport(o.name, o.kind, o.reason, None if o.shape is None else list(o.shape), o.dtype)
-                     for o in stats.others]
+    report.others = [OtherReport.of(o) for o in stats.others]
     report.bytes_read = stats.bytes_read
     return report
 
@@ -173,26 +177,27 @@ def report_from_stats(stats: FileStats, ord: str, params: dict[str, object],
         report.global_norm = max(norms, default=0.0)
     for pattern in (selection or Selection()).unmatched([t.name for t in report.tensors]):
         report.warnings.append(unmatched_note(pattern))
-    quantized = quantized_warning([t.name for t in report.tensors])
-    if quantized:
-        report.warnings.append(quantized)
+    optimizer = optimizer_note([t.name for t in report.tensors
+                                if t.skipped is not None and t.skipped.kind is SkipKind.OPTIMIZER_STATE], True)
+    if optimizer:
+        report.warnings.append(optimizer)
+    report.warnings += quantized_notes([stats])
     return report
+
+
+def optimizer_note(names: list[str], measured: bool) -> Note | None:
+    """The word that a training optimizer's variables were left out (counted, a few named)."""
+    if not names:
+        return None
+    done = "left out of the global norm" if measured else "left unchanged"
+    return Note(NoteKind.OPTIMIZER_STATE, (f"{len(names):,} optimizer variable{'s' if len(names) > 1 else ''} "
+                                           f"(a Keras optimizer's moments, iterations, learning rate) {done}: "
+                                           f"{name_list(names)}; name them with ", Option.INCLUDE,
+                                           " to work on them too"))
 
 
 def unmatched_note(pattern: str) -> Note:
     return Note(NoteKind.UNMATCHED_PATTERN, f"pattern {pattern!r} matches no tensor")
-
-
-def quantized_warning(names: list[str]) -> Note | None:
-    """The report's word that the norms of quantized weights shown are of their raw codes."""
-    pairs = scale_companions(names)
-    if not pairs:
-        return None
-    listing = ", ".join(describe(w, s) for w, s in list(pairs.items())[:3])
-    if len(pairs) > 3:
-        listing += f" and {len(pairs) - 3} more"
-    return Note(NoteKind.QUANTIZED, f"{len(pairs)} quantized weight(s) ({listing}): the norms shown are of their "
-                "raw codes and of their scale tensors as plain values, not of the real (dequantized) weights")
 
 
 def slice_summary(entry: TensorReport, stats: Any, scale: np.ndarray | None, limit: float | None = None) -> None:

@@ -36,12 +36,13 @@ class NoteKind(enum.Enum):
     NOTHING_SELECTED = "no floating-point tensor was selected"
     HARD_LINKS = "the input has other hard links"
     DROPPED = "a conversion dropped what the output format cannot hold"
-    QUANTIZED = "quantized weights were measured as their raw codes"
+    ZERO_SCALES = "a quantized weight has zero scales (dead blocks)"
     RESUMED = "an unfinished in-place run was resumed"
     INTERRUPTED = "an in-place run was interrupted here"
     CHECK_FAILED = "a check the user asked for failed"
     FLUSHED_TO_ZERO = "scaling made non-zero values of narrow floats zero"
     LOSSY = "tensors were written through a lossy filter"
+    OPTIMIZER_STATE = "a training optimizer's state was left out"
 
 
 class Note(Tagged):
@@ -97,9 +98,11 @@ class TensorReport:
     near_zero_slices: int | None = None
     slices_above: int | None = None  # a report with a gate's limit: slices above it
     worst_slices: list[dict[str, Any]] | None = None
-    dtype_label: str | None = None  # shown instead of the dtype (data that is not numbers)
+    dtype_label: str | None = None  # shown instead of the dtype (data that is not numbers, a quantized weight)
     # A rewritten 16- or 8-bit float tensor: non-zero values the scaling made zero (None: not counted).
     flushed_to_zero: int | None = None
+    quantization: dict[str, Any] | None = None  # a quantized weight: scheme, parts, what its scales held
+    nonfinite_where: str | None = None  # a quantized weight: where its NaN/Inf are (codes or scales, which block)
 
     @property
     def dtype_text(self) -> str:
@@ -132,8 +135,9 @@ class TensorReport:
         histogram = item.pop("histogram")
         if histogram is not None:
             item["log2_histogram"] = {"lowest": histogram[0], "counts": histogram[1]}
+        del item["nonfinite_where"]
         for key in ("min", "max", "mean", "std", "zeros", "min_slice_norm", "near_zero_slices", "slices_above",
-                    "worst_slices"):
+                    "worst_slices", "quantization"):
             if item[key] is None:
                 del item[key]
         if self.zeros is not None and self.numel:
@@ -153,6 +157,13 @@ class OtherReport:
     reason: str
     shape: list[int] | None = None
     dtype: str = ""
+    unreadable_type: bool = False  # of a type tclip cannot read that may hold numbers: no check passes over it
+
+    @classmethod
+    def of(cls, other: Any) -> "OtherReport":
+        """The report line of a format's :class:`~tclip.formats.OtherObject`."""
+        return cls(other.name, other.kind, other.reason, None if other.shape is None else list(other.shape),
+                   other.dtype, other.unreadable_type)
 
 
 def slice_label(shape: list[int], axes: tuple[int, ...] | None) -> str:
@@ -271,6 +282,9 @@ def json_safe(value: Any) -> Any:
 
 @dataclass
 class InfoTensor:
+    """One tensor of ``info``; a quantized weight has its ``encoding`` (scheme and parts), an
+    activation scale its ``role``."""
+
     name: str
     shape: list[int]
     dtype: np.dtype
@@ -278,6 +292,8 @@ class InfoTensor:
     attrs: dict[str, Any] = field(default_factory=dict)
     refused: str | None = None
     dtype_label: str | None = None
+    encoding: Any = None
+    role: str | None = None
 
     @property
     def dtype_text(self) -> str:
@@ -294,6 +310,7 @@ class InfoReport:
     tensors: list[InfoTensor]
     metadata: dict[str, Any]
     others: list[OtherReport] = field(default_factory=list)
+    shared: list[list[str]] = field(default_factory=list)  # tensors stored in one buffer (tied weights)
 
     def dtype_texts(self) -> list[str]:
         """Each tensor's dtype as shown (one name per distinct dtype: a header can list a million tensors)."""
@@ -321,6 +338,14 @@ class InfoReport:
                     "attrs": json_safe(t.attrs) if t.attrs else {}}
             if t.refused is not None:
                 item["refused"] = t.refused
+            if t.encoding is not None:
+                item["quantization"] = {"scheme": t.encoding.scheme, "convention": t.encoding.convention,
+                                        "parts": [{"name": n, "role": r, "dtype": d, "shape": list(s)}
+                                                  for n, r, d, s in t.encoding.parts]}
+                if t.encoding.problem is not None:
+                    item["quantization"]["problem"] = t.encoding.problem
+            if t.role is not None:
+                item["role"] = t.role
             tensors.append(item)
         data: dict[str, Any] = {
             "schema": SCHEMA_VERSION,
@@ -334,4 +359,6 @@ class InfoReport:
         }
         if self.others:
             data["not_tensors"] = json_safe([asdict(o) for o in self.others])
+        if self.shared:
+            data["shared_storage"] = [list(names) for names in self.shared]
         return data

@@ -18,7 +18,9 @@ from ..core.kernels import Scratch, clip_unit, scale_unit
 from ..core.stats import TensorStats, kept_index, normalize_axes
 from ..core.zeros import counted, counts_flushes, flush_limit, flushed_count, nonzero_count
 from ..errors import TclipError, UnsupportedError
-from ..formats import TensorReader, TensorWriter, create_writer, open_reader
+from ..formats import TensorReader, TensorWriter, create_writer
+from ..formats.quant_encoding import logical_view, open_logical, stored_reader
+from ..formats.quant_layout import QuantLayout
 from ..formats.registry import holds_metadata, output_format
 from ..messages import Option
 from ..text import name_list
@@ -50,7 +52,8 @@ def rewrite_file(source: Path | str | TensorReader, work: dict[str, TensorWork],
                  progress: Progress | None = None, held: HeldTensors | None = None,
                  drop_nonnumeric: bool = False, metadata: dict[str, str] | None = None,
                  writer_factory: Callable[..., TensorWriter] | None = None,
-                 measure_after: bool = True, commit_marker: Path | None = None) -> RewriteResult:
+                 measure_after: bool = True, commit_marker: Path | None = None,
+                 layout: QuantLayout | None = None) -> RewriteResult:
     """Pass 2: write ``source`` to ``target`` with each tensor of ``work`` rewritten.
 
     Tensors not in ``work`` are copied byte for byte where the formats allow.
@@ -58,11 +61,15 @@ def rewrite_file(source: Path | str | TensorReader, work: dict[str, TensorWork],
     ``measure_after`` False skips the after-statistics (norms of the values written),
     for callers that show nobody the report. The output appears atomically, only when
     everything succeeded. ``commit_marker``: see :meth:`AtomicOutput.commit`.
+
+    A quantized weight (an encoded tensor) in ``work`` is rescaled by rewriting only
+    the stored parts that hold its scales (its encoding's ``rescale`` jobs); its codes
+    are copied byte for byte. ``layout``: as for :func:`~tclip.work.statistics.file_statistics`.
     """
     if isinstance(source, TensorReader):
-        return _rewrite(source, work, target, axes, overwrite, budget or Budget(), progress, held,
-                        drop_nonnumeric, metadata, writer_factory, measure_after, commit_marker)
-    with open_reader(source) as reader:
+        return _rewrite(logical_view(source, layout), work, target, axes, overwrite, budget or Budget(), progress,
+                        held, drop_nonnumeric, metadata, writer_factory, measure_after, commit_marker)
+    with open_logical(source, layout, None if layout is None else str(source)) as reader:
         return _rewrite(reader, work, target, axes, overwrite, budget or Budget(), progress, held,
                         drop_nonnumeric, metadata, writer_factory, measure_after, commit_marker)
 
@@ -92,13 +99,14 @@ def _rewrite(reader: TensorReader, work: dict[str, TensorWork], target: Path | N
     started = time.perf_counter()
     result = RewriteResult(str(reader.path), None if target is None else str(target), {}, {},
                            measured=measure_after)
-    tensors = list(reader.tensors.values())
+    stored = stored_reader(reader)  # what the file holds: what the writer writes
+    tensors = list(stored.tensors.values())
     if target is not None:
-        lost = carried_loss(reader, target)
+        lost = carried_loss(stored, target)
         if lost:
             listing = ", ".join(lost[:8]) + (f" and {len(lost) - 8} more" if len(lost) > 8 else "")
             if not drop_nonnumeric:
-                raise UnsupportedError((f"{output_format(target, reader) or 'the output format'} cannot hold "
+                raise UnsupportedError((f"{output_format(target, stored) or 'the output format'} cannot hold "
                                         f"{listing}; nothing was written (", Option.DROP_NONNUMERIC,
                                         " drops them with a warning)"), reader.path)
             result.warnings.append(Note(NoteKind.DROPPED, f"dropped what the output format cannot hold: {listing}"))
@@ -106,8 +114,8 @@ def _rewrite(reader: TensorReader, work: dict[str, TensorWork], target: Path | N
     writer: TensorWriter | None = None
     if target is not None:
         factory = writer_factory or create_writer
-        writer = factory(target, reader, tensors=tensors if len(tensors) != len(reader.tensors) else None,
-                         overwrite=overwrite, rewritten=set(work), metadata=metadata)
+        writer = factory(target, stored, tensors=tensors if len(tensors) != len(stored.tensors) else None,
+                         overwrite=overwrite, rewritten=_rewritten(reader, stored, work), metadata=metadata)
     written = {t.name for t in tensors}
     lossy = {name: text for name, text in reader.lossy_filters().items() if name in work and name in written}
     if target is not None and (output_format(target, reader) or reader.format_name) != reader.format_name:
@@ -165,6 +173,49 @@ def _measure_written(target: Path, axes: dict[str, tuple[int, ...] | None], budg
     return stats
 
 
+def _rewritten(reader: TensorReader, stored: TensorReader, work: dict[str, TensorWork]) -> set[str]:
+    """The stored tensors written anew: plain tensors with work, and the scale parts of
+    encoded tensors with work that this file holds."""
+    names = set()
+    for name in work:
+        info = reader.tensors[name]
+        if info.encoding is None:
+            names.add(name)
+        else:
+            names.update(p for p in info.encoding.summary.rescaled if p in stored.tensors)
+    return names
+
+
+def _encoded_steps(reader: TensorReader, writer: TensorWriter | None, work: dict[str, TensorWork], axes: object,
+                   result: RewriteResult, measure_after: bool) -> tuple[dict[str, Action], list[Walk]]:
+    """For each encoded tensor with work: the jobs that rewrite its scale parts (by stored
+    name) and the walk measuring what they leave (its after-statistics)."""
+    jobs: dict[str, Action] = {}
+    walks: list[Walk] = []
+    for name, task in work.items():
+        info = reader.tensors[name]
+        if info.encoding is None:
+            continue
+        if task.scale is None:
+            raise UnsupportedError(f"tensor {name!r} is quantized: its values cannot be clamped without "
+                                   "requantizing its codes; nothing was written", reader.path)
+        factor = np.asarray(task.scale, np.float64)
+        tensor_axes = normalize_axes(axes, len(info.shape)) if factor.ndim else None
+        if writer is not None:
+            try:
+                for part, job in info.encoding.rescale(reader, writer, info, factor):
+                    jobs[part] = Action(part, job)
+            except ValueError as error:
+                raise UnsupportedError(f"tensor {name!r}: {error}; nothing was written", reader.path) from None
+        result.after[name] = TensorStats.empty(info.shape, tensor_axes)
+        result.changed[name] = 0
+        if measure_after:
+            walks.append(tensor_walk(reader, name, axes=tensor_axes, factor=factor))
+        else:
+            result.after[name].count = info.size
+    return jobs, walks
+
+
 def _run_rewrite(reader: TensorReader, writer: TensorWriter | None, work: dict[str, TensorWork], axes: object,
                  budget: Budget, progress: Progress | None, held: HeldTensors | None, written: set[str],
                  result: RewriteResult, measure_after: bool = True) -> None:
@@ -172,10 +223,16 @@ def _run_rewrite(reader: TensorReader, writer: TensorWriter | None, work: dict[s
     # Tensors whose factors may flush values to zero: the range of codes that flush (see
     # tclip.core.zeros.flush_limit), or None to count the non-zero values before and after.
     flushing: dict[str, int | None] = {}
-    for name, info in reader.tensors.items():
+    stored = stored_reader(reader)
+    jobs, after_walks = _encoded_steps(reader, writer, work, axes, result, measure_after)
+    for name, info in stored.tensors.items():
+        if name in jobs:
+            if name in written:
+                steps.append(jobs[name])
+            continue
         task = work.get(name)
-        if task is None:
-            steps.append(Action(name, lambda n=name: _copy(reader, writer, n, written)))
+        if task is None or name not in reader.tensors or reader.tensors[name].encoding is not None:
+            steps.append(Action(name, lambda n=name: _copy(stored, writer, n, written)))
             continue
         tensor_axes = normalize_axes(axes, len(info.shape)) if task.scale is not None and task.scale.ndim else None
         result.after[name] = TensorStats.empty(info.shape, tensor_axes)
@@ -190,10 +247,13 @@ def _run_rewrite(reader: TensorReader, writer: TensorWriter | None, work: dict[s
                 flushing[name] = flush_limit(info.dtype, smallest) if task.scale.ndim == 0 else None
         steps.append(tensor_walk(reader, name, axes=tensor_axes, held=held,
                                  writer=writer if writer is not None and name in written else None))
+    steps += after_walks
 
     def rewrite(block: Block, scratch: Scratch) -> tuple[list[tuple], int]:
         walk = block.walk
         task, after = work[walk.name], result.after[walk.name]
+        if walk.reducer is not None:  # an encoded tensor's after-statistics: its scales were rewritten
+            return walk.reducer.reduce(block.data[0], walk.grid, block.first, block.stop, after, scratch)[0], 0, 0
         scale = walk.view(task.scale) if task.scale is not None and task.scale.ndim else None
         count_flushes = walk.name in flushing
         limit = flushing.get(walk.name)
@@ -228,7 +288,7 @@ def _run_rewrite(reader: TensorReader, writer: TensorWriter | None, work: dict[s
         target = walk.view(after.sum_of_squares) if after.axes is not None else None
         for k, unit_result in zip(range(block.first, block.stop), results):
             after.add_unit(unit_result, walk.grid.index(k) if walk.axes is not None else (), target, walk.axes)
-        if not measure_after:
+        if not measure_after and walk.reducer is None:
             after.count += block.end - block.start
         result.changed[walk.name] += changed
         if flushed:

@@ -15,6 +15,7 @@ import numpy as np
 from ..core.dtypes import dtype_name, is_complex, is_floating
 from ..core.stats import axes_fault, axes_items, normalize_axes
 from ..formats import TensorInfo, TensorReader
+from ..formats.base import EncodingSummary
 from ..messages import Tagged
 
 
@@ -37,6 +38,11 @@ class Selection:
             return False
         return not any(fnmatch.fnmatchcase(name, p.lstrip("/")) for p in self.exclude)
 
+    def names_explicitly(self, name: str) -> bool:
+        """Whether an include pattern matches ``name`` (what is left out by default, such
+        as optimizer state, is worked on only then)."""
+        return any(fnmatch.fnmatchcase(name, p.lstrip("/")) for p in self.include)
+
     def unmatched(self, names: list[str]) -> list[str]:
         """The include/exclude patterns that match none of ``names``."""
         return [p for p in (*self.include, *self.exclude)
@@ -47,10 +53,14 @@ class SkipKind(enum.Enum):
     """Why a tensor is left as it is."""
 
     NOT_SELECTED = "not selected"     # the globs (or a set's index) leave it out
+    OPTIMIZER_STATE = "optimizer state"  # a training optimizer's variables: only when an include pattern names them
     REFUSED = "refused"               # the format will not read it (TensorInfo.refused)
     NOT_NUMERIC = "not numeric"       # strings, opaque bytes, pickles: copied as they are
+    UNREADABLE_TYPE = "unreadable type"  # a type tclip cannot read that may hold numbers: copied, never measured
     NOT_FLOATING = "not floating"     # integers, bool, complex: copied as they are
     AXES = "axes"                     # its rank cannot take the axes
+    NOT_A_WEIGHT = "not a weight"     # an activation scale of a quantized checkpoint: no norm, no clip
+    NOT_UNDERSTOOD = "not understood"  # a quantized weight tclip cannot read: never measured nor clipped
 
 
 class Skip(Tagged):
@@ -84,10 +94,17 @@ def skip_reason(info: TensorInfo, selection: Selection, axes: object = None) -> 
     can take the axes."""
     if not selection.matches(info.name):
         return Skip(SkipKind.NOT_SELECTED, "not selected")
+    if info.optimizer_state and not selection.names_explicitly(info.name):
+        return Skip(SkipKind.OPTIMIZER_STATE, "optimizer state, left out unless an include pattern names it")
     if info.refused:
         return Skip(SkipKind.REFUSED, info.refused)
+    if info.role is not None:
+        return Skip(SkipKind.NOT_A_WEIGHT, info.role)
+    if info.encoding is not None and info.encoding.summary.problem is not None:
+        return Skip(SkipKind.NOT_UNDERSTOOD, f"quantized, not measured: {info.encoding.summary.problem}")
     if not info.numeric:
-        return Skip(SkipKind.NOT_NUMERIC, f"{info.dtype_label or info.dtype} is not numeric")
+        return Skip(SkipKind.UNREADABLE_TYPE if info.unreadable_type else SkipKind.NOT_NUMERIC,
+                    f"{info.dtype_label or info.dtype} is not numeric")
     if not is_floating(info.dtype):
         return Skip(SkipKind.NOT_FLOATING, f"{dtype_name(info.dtype)} is not floating-point")
     problem = axes_problem(len(info.shape), axes)
@@ -99,7 +116,8 @@ class TensorEntry:
     """What pass 1 knows of one tensor of a file (plain data).
 
     ``dtype`` is the stored dtype; ``dtype_label`` what reports show instead for data
-    that is not numbers (None: the dtype's name).
+    that is not numbers, or the scheme of a quantized weight (None: the dtype's name);
+    ``encoding``: a quantized weight's :class:`~tclip.formats.base.EncodingSummary`.
     """
 
     name: str
@@ -108,6 +126,7 @@ class TensorEntry:
     nbytes: int
     skipped: Skip | None = None
     dtype_label: str | None = None
+    encoding: EncodingSummary | None = None
 
 
 def select(reader: TensorReader, selection: Selection, axes: object = None,
@@ -120,10 +139,14 @@ def select(reader: TensorReader, selection: Selection, axes: object = None,
     entries, to_read = [], {}
     for info in reader.tensors.values():
         reason = skip_reason(info, selection, axes)
-        entries.append(TensorEntry(info.name, tuple(info.shape), info.dtype, info.nbytes, reason, info.dtype_label))
+        entries.append(TensorEntry(info.name, tuple(info.shape), info.dtype, info.nbytes, reason, info.dtype_label,
+                                   None if info.encoding is None else info.encoding.summary))
         if reason is None:
             to_read[info.name] = normalize_axes(axes, len(info.shape))
-        elif whole_if_rank_skip and (is_rank_skip(reason) or (is_complex(info.dtype) and info.numeric
-                                                               and selection.matches(info.name))):
-            to_read[info.name] = None  # complex: never clipped, but its NaN/Inf and norm are shown
+        elif whole_if_rank_skip and (is_rank_skip(reason) or (
+                (is_complex(info.dtype) or (reason.kind is SkipKind.OPTIMIZER_STATE and is_floating(info.dtype)))
+                and info.numeric and not info.refused and selection.matches(info.name))):
+            # Complex tensors and optimizer state: never clipped nor in the global norm, but
+            # their NaN/Inf and norm are shown.
+            to_read[info.name] = None
     return entries, to_read

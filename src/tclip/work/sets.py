@@ -27,6 +27,9 @@ import numpy as np
 
 from ..core.modes import GlobalNormClip, NormClip, ValueClip, value_bounds
 from ..errors import OutputExistsError, TclipError, UnsupportedError
+from ..formats.quant_encoding import layout_of_files
+from ..formats.quant_layout import QuantLayout
+from ..formats.registry import open_reader
 from ..formats.sharded import (
     IN_PROGRESS_KEY,
     TensorSet,
@@ -49,7 +52,8 @@ from .journal import (
 )
 from .options import ClipOptions
 from .plan import Plan, TensorWork, make_plan
-from .policy import check_nonfinite, check_selection, refuse_quantized
+from .policy import check_nonfinite, check_selection
+from .quantized import check_quantized_plan, logical_names, quantized_notes
 from .reporting import (
     finish_report,
     flush_note,
@@ -62,23 +66,33 @@ from .results import FileReport, InfoReport, Note, NoteKind
 from .rewrite import RewriteResult, rewrite_file
 from .selection import Selection
 from .statistics import FileStats, file_statistics
+from .tied import check_tied
 
 
 def stats_task(path: str, selection: Selection, axes: Any, budget: Budget, track_l1: bool = False,
                track_moments: bool = False, whole_if_rank_skip: bool = False,
-               progress: Callable[[int], None] | None = None) -> FileStats:
-    """Pass 1 of one file, on whatever machine runs it."""
+               progress: Callable[[int], None] | None = None, layout: QuantLayout | None = None) -> FileStats:
+    """Pass 1 of one file, on whatever machine runs it (``layout``: the set's quantized weights)."""
     return file_statistics(path, selection=selection, axes=axes, budget=budget, track_l1=track_l1,
-                           track_moments=track_moments, whole_if_rank_skip=whole_if_rank_skip, progress=progress)
+                           track_moments=track_moments, whole_if_rank_skip=whole_if_rank_skip, progress=progress,
+                           layout=layout)
 
 
 def rewrite_task(path: str, work: dict[str, TensorWork], target: str | None, axes: Any, overwrite: bool,
                  budget: Budget, drop_nonnumeric: bool, progress: Callable[[int], None] | None = None,
-                 commit_marker: str | None = None) -> RewriteResult:
+                 commit_marker: str | None = None, layout: QuantLayout | None = None) -> RewriteResult:
     """Pass 2 of one file, on whatever machine runs it; the output appears atomically."""
     return rewrite_file(path, work, None if target is None else Path(target), axes=axes, overwrite=overwrite,
                         budget=budget, progress=progress, drop_nonnumeric=drop_nonnumeric,
-                        commit_marker=None if commit_marker is None else Path(commit_marker))
+                        commit_marker=None if commit_marker is None else Path(commit_marker), layout=layout)
+
+
+def set_layout(tensor_set: TensorSet) -> QuantLayout:
+    """The quantized weights of a resolved set: weights and scales paired across its files,
+    with the quantization config beside its index (or its first file)."""
+    folder = tensor_set.index.parent if tensor_set.index is not None else \
+        (tensor_set.files[0].parent if tensor_set.files else Path("."))
+    return layout_of_files(tensor_set.files, folder, open_reader)
 
 
 class TaskPool:
@@ -140,10 +154,12 @@ def group_sets(inputs: list[tuple[str, Path | None]], across: bool) -> list[tupl
     return out
 
 
-def _selection_for(tensor_set: TensorSet, file: Path, selection: Selection) -> Selection:
+def _selection_for(tensor_set: TensorSet, file: Path, selection: Selection,
+                   layout: QuantLayout | None = None) -> Selection:
     if tensor_set.allow is None:
         return selection
-    return replace(selection, allow=tensor_set.allow[file])
+    owned = layout.owned_by(str(file)) if layout else []  # a quantized weight's name may be another shard's
+    return replace(selection, allow=tensor_set.allow[file] | frozenset(owned))
 
 
 def _targets(tensor_set: TensorSet, options: ClipOptions) -> tuple[dict[Path, Path | None], Path | None]:
@@ -189,7 +205,7 @@ def clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_addres
     if isinstance(mode, ValueClip):
         value_bounds(np.dtype(np.float64), mode.clip_value_min, mode.clip_value_max)
     tensor_set = resolve(tensor_set)
-    refuse_quantized(tensor_set.names, options.selection, tensor_set.name)
+    layout = set_layout(tensor_set)
     axes = mode.axes if isinstance(mode, NormClip) else None
     targets, index_target = _targets(tensor_set, options)
     if not options.in_place and not options.dry_run:
@@ -220,14 +236,16 @@ def clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_addres
 
         done = set(resumed["done"]) if resumed is not None else set()
         todo = [f for f in files if str(f) not in done]
-        selections = {f: _selection_for(tensor_set, f, options.selection) for f in files}
+        selections = {f: _selection_for(tensor_set, f, options.selection, layout) for f in files}
         stats = pool.map(stats_task, [((str(f), selections[f], axes, pool.task_budget),
-                                         {"progress": file_progress(f)}) for f in todo])
-        report = _set_report(tensor_set, stats, mode)
+                                         {"progress": file_progress(f), "layout": layout}) for f in todo])
+        report = _set_report(tensor_set, stats, mode, layout)
         report.dry_run = options.dry_run
         if stats:
-            entries = [t for s in stats for t in _listed(tensor_set, s.path, s.tensors)]
-            report.warnings += check_selection(entries, tensor_set.names, mode, options, tensor_set.name, "set")
+            entries = [t for s in stats for t in _listed(tensor_set, s.path, s.tensors, layout)]
+            report.warnings += check_selection(entries, logical_names(tensor_set.names, layout), mode, options,
+                                               tensor_set.name, "set")
+            report.warnings += quantized_notes(stats)
         check_nonfinite(report, options, tensor_set.name)
         if resumed is not None:
             # The finished shards are clipped already: the global norm is the one recorded.
@@ -236,6 +254,9 @@ def clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_addres
             report.warnings.append(Note(NoteKind.RESUMED, f"resumed an unfinished run: {len(done)} of {len(files)} "
                                                           "shard(s) were clipped by it already"))
         plan = make_plan(mode, stats)
+        for file_stats in stats:  # shards keep their format: bytes shared by tensors are written once
+            check_tied(file_stats, plan.work[file_stats.path], mode.name)
+        check_quantized_plan(plan, stats, tensor_set.name)
         if journal is not None and resumed is None:
             write_journal(journal, tensor_set, mode, options, stats, plan)
             for f in files:  # a marker left by a run given up on (restored, journal removed) means nothing now
@@ -247,7 +268,7 @@ def clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_addres
             marker = {"commit_marker": str(commit_marker(f))} if journal is not None else {}
             calls.append(((str(f), plan.work[s.path], None if target is None else str(target), axes,
                            overwrite or not pool.local, pool.task_budget, options.drop_nonnumeric),
-                          {"progress": file_progress(f), **marker}))
+                          {"progress": file_progress(f), "layout": layout, **marker}))
             order.append(f)
         results = _rewrite_all(pool, calls, order, journal)
         rewrites = {r.path: r for r in results}
@@ -288,22 +309,25 @@ def _rewrite_all(pool: TaskPool, calls: list, order: list[Path], journal: Path |
     return [results[f] for f in order]
 
 
-def _listed(tensor_set: TensorSet, file: str, tensors: list[Any]) -> list[Any]:
+def _listed(tensor_set: TensorSet, file: str, tensors: list[Any], layout: QuantLayout | None = None) -> list[Any]:
     """The tensors (entries or report lines) of ``file`` that are the set's: with an index,
-    those it maps to the file (a shard's other tensors are not the set's); the ones the
-    globs leave out are the set's, counted as not selected."""
+    those it maps to the file (a shard's other tensors are not the set's), and the quantized
+    weights the file's passes measure; the ones the globs leave out are the set's, counted
+    as not selected."""
     if tensor_set.allow is None:
         return list(tensors)
     allowed = tensor_set.allow[Path(file)]
-    return [t for t in tensors if t.name in allowed]
+    owned = frozenset(layout.owned_by(file)) if layout else frozenset()
+    return [t for t in tensors if t.name in allowed or t.name in owned]
 
 
-def _set_report(tensor_set: TensorSet, stats: list[FileStats], mode: Any) -> FileReport:
+def _set_report(tensor_set: TensorSet, stats: list[FileStats], mode: Any,
+                layout: QuantLayout | None = None) -> FileReport:
     report = FileReport(file=tensor_set.name, mode=mode.name, params=mode_params(mode),
                         format=stats[0].format if stats else None)
     for s in stats:
         part = start_report(s, mode.name, {})
-        report.tensors += _listed(tensor_set, s.path, part.tensors)
+        report.tensors += _listed(tensor_set, s.path, part.tensors, layout)
         report.others += part.others
         report.bytes_read += part.bytes_read
     report.members = [{"file": s.path, "output": None} for s in stats]
@@ -338,20 +362,23 @@ def report_set(tensor_set: TensorSet, selection: Selection, order: str, axes: An
     """The read-only report of a set: every tensor of every file, one global norm."""
     started = time.perf_counter()
     tensor_set = resolve(tensor_set)
+    layout = set_layout(tensor_set)
     pool = TaskPool(budget, len(tensor_set.files), dask_address)
     try:
-        stats = pool.map(stats_task, [((str(f), _selection_for(tensor_set, f, selection), axes, pool.task_budget),
+        stats = pool.map(stats_task, [((str(f), _selection_for(tensor_set, f, selection, layout), axes,
+                                         pool.task_budget),
                                          {"track_l1": order == "1", "track_moments": moments,
-                                          "whole_if_rank_skip": True,
+                                          "whole_if_rank_skip": True, "layout": layout,
                                           "progress": progress(str(f)) if progress is not None else None})
                                         for f in tensor_set.files])
     finally:
         pool.close()
     merged = FileStats(tensor_set.name, stats[0].format if stats else "", sum(s.size_bytes for s in stats),
-                       [t for s in stats for t in _listed(tensor_set, s.path, s.tensors)],
+                       [t for s in stats for t in _listed(tensor_set, s.path, s.tensors, layout)],
                        {k: v for s in stats for k, v in s.stats.items()},
                        [o for s in stats for o in s.others], tensor_set.metadata,
-                       sum(s.bytes_read for s in stats))
+                       sum(s.bytes_read for s in stats),
+                       findings={k: v for s in stats for k, v in s.findings.items()})
     params: dict[str, Any] = {"ord": order}
     if axes is not None:
         params["axes"] = list(axes)
@@ -370,14 +397,16 @@ def report_set(tensor_set: TensorSet, selection: Selection, order: str, axes: An
 def index_info(path: Path) -> InfoReport:
     """The headers of every shard an index names, as one info report (no tensor data read)."""
     tensor_set = resolve(TensorSet(str(path), [], Path(path)))
+    layout = set_layout(tensor_set)
     tensors, others = [], []
     size = path.stat().st_size
     fmt = ""
     for file in tensor_set.files:
-        info = file_info(file)
+        info = file_info(file, layout if layout else None)
         fmt = info.format
         size += info.size_bytes
-        allowed = tensor_set.allow[file] if tensor_set.allow is not None else None
+        allowed = (tensor_set.allow[file] | frozenset(layout.owned_by(str(file)))) \
+            if tensor_set.allow is not None else None
         tensors += [t for t in info.tensors if allowed is None or t.name in allowed]
         others += info.others
     metadata = tensor_set.metadata

@@ -14,9 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from ..core.kernels import Scratch
+from ..core.quant import Findings
 from ..core.stats import TensorStats
 from ..errors import TclipError
-from ..formats import TensorInfo, TensorReader, open_reader
+from ..formats import TensorInfo, TensorReader
+from ..formats.quant_encoding import logical_view, open_logical
+from ..formats.quant_layout import QuantLayout
 from ..messages import Option
 from .budget import Budget
 from .passes import Block, HeldTensors, Progress, run_pass, tensor_walk
@@ -30,7 +33,8 @@ class FileStats:
     Plain and picklable: this is what crosses a process or machine boundary.
     ``stats`` holds one :class:`TensorStats` per tensor that was read (the
     selected ones; for the report also those whose rank cannot take the axes,
-    reduced as a whole).
+    reduced as a whole). ``findings`` holds, per encoded tensor (a quantized weight),
+    what its stored parts held (NaN codes, NaN/Inf/zero scales and where).
     """
 
     path: str
@@ -42,6 +46,8 @@ class FileStats:
     metadata: dict[str, Any] = field(default_factory=dict)
     bytes_read: int = 0
     elapsed_s: float = 0.0
+    overlaps: list[tuple[str, str, bool]] = field(default_factory=list)  # tensors sharing bytes (tied)
+    findings: dict[str, Findings] = field(default_factory=dict)
 
     @property
     def selected(self) -> list[str]:
@@ -65,7 +71,7 @@ def _check_slice_memory(infos: list[tuple[TensorInfo, tuple[int, ...] | None]], 
 def file_statistics(source: Path | str | TensorReader, *, selection: Selection | None = None, axes: object = None,
                     track_l1: bool = False, track_moments: bool = False, budget: Budget | None = None,
                     progress: Progress | None = None, whole_if_rank_skip: bool = False,
-                    held: HeldTensors | None = None) -> FileStats:
+                    held: HeldTensors | None = None, layout: QuantLayout | None = None) -> FileStats:
     """Pass 1: statistics of one file's selected tensors, block by block (:func:`tclip.work.passes.run_pass`).
 
     Args:
@@ -76,14 +82,16 @@ def file_statistics(source: Path | str | TensorReader, *, selection: Selection |
         track_l1, track_moments: also the L1 norm / mean, zeros and histogram.
         budget: memory and threads (:class:`tclip.work.budget.Budget`).
         progress: called with byte counts; one pass advances it by the file's size.
+        layout: the quantized weights of the set this file belongs to (None: detected
+            from the file and the config beside it); see :mod:`tclip.formats.quant_layout`.
 
     Returns:
         A :class:`FileStats`, identical to the last bit for any budget.
     """
     if isinstance(source, TensorReader):
-        return _statistics(source, selection or Selection(), axes, track_l1, track_moments, budget or Budget(),
-                           progress, whole_if_rank_skip, held)
-    with open_reader(source) as reader:
+        return _statistics(logical_view(source, layout), selection or Selection(), axes, track_l1, track_moments,
+                           budget or Budget(), progress, whole_if_rank_skip, held)
+    with open_logical(source, layout, None if layout is None else str(source)) as reader:
         return _statistics(reader, selection or Selection(), axes, track_l1, track_moments, budget or Budget(),
                            progress, whole_if_rank_skip, held)
 
@@ -99,15 +107,20 @@ def _statistics(reader: TensorReader, selection: Selection, axes: object, track_
                                      track_moments=track_moments) for name, a in to_read.items()}
     size = os.stat(path).st_size
     result = FileStats(str(path), reader.format_name, size, entries, stats, list(reader.others),
-                       dict(reader.metadata))
+                       dict(reader.metadata), overlaps=[tuple(o) for o in reader.overlaps()])
     walks = [tensor_walk(reader, name, axes=stats[name].axes) for name in to_read]
 
-    def work(block: Block, scratch: Scratch) -> list[tuple]:
+    def work(block: Block, scratch: Scratch) -> tuple[list[tuple], Findings | None]:
         tensor_stats, walk = stats[block.walk.name], block.walk
-        return [tensor_stats.reduce(unit, scratch, walk.axes) for _, (unit,) in block.units()]
+        if walk.reducer is not None:  # an encoded tensor: its own closed form per unit
+            return walk.reducer.reduce(block.data[0], walk.grid, block.first, block.stop, tensor_stats, scratch)
+        return [tensor_stats.reduce(unit, scratch, walk.axes) for _, (unit,) in block.units()], None
 
-    def merge(block: Block, results: list[tuple]) -> None:
+    def merge(block: Block, outcome: tuple[list[tuple], Findings | None]) -> None:
+        results, found = outcome
         walk = block.walk
+        if found is not None:
+            result.findings.setdefault(walk.name, Findings(found.codes, found.shape)).merge(found)
         tensor_stats = stats[walk.name]
         target = walk.view(tensor_stats.sum_of_squares) if tensor_stats.axes is not None else None
         for k, unit_result in zip(range(block.first, block.stop), results):

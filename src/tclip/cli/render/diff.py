@@ -8,10 +8,14 @@ import numpy as np
 from rich.console import Console
 from rich.text import Text
 
-from ...text import fmt_column, natural_key, safe
-from ...work.diff import UNMATCHED, DiffReport, RemarkKind, Status, TensorDiff
+from ...text import fmt_column, name_list, natural_key, safe
+from ...work.diff import UNMATCHED, DiffReport, RemarkKind, Status, TensorDiff, Verdict
 from ...work.results import dtype_text
 from .table import Column, human_bytes, lay_out, print_lines, short_dtype, symbols_for
+
+
+# How many names a line under the table shows before "and N more".
+FEW = 3
 
 
 def _order(tensors: list[TensorDiff], sort: str) -> list[TensorDiff]:
@@ -67,30 +71,35 @@ def render_diff(report: DiffReport, console: Console, width: int | None, *, sort
                           style="dim"))
     if same:
         lines.append(Text(f"{same} tensor(s) equal ({tolerance})", style="dim"))
-    for status in (*UNMATCHED, Status.NOT_COMPARED):
-        items = [t for t in report.tensors if t.status is status]
+    for status in UNMATCHED:
+        items = sorted((t for t in report.tensors if t.status is status), key=lambda t: natural_key(t.name))
         if not items:
             continue
-        parts = []
-        for t in items[:12]:
-            if status is Status.SHAPE_DIFFERS:
-                parts.append(f"{safe(t.name)} ({symbols.times.join(map(str, t.shape_a or []))} vs "
-                             f"{symbols.times.join(map(str, t.shape_b or []))})")
-            elif status is Status.NOT_COMPARED:
-                parts.append(f"{safe(t.name)} ({safe(t.note or '')})")
-            else:
-                parts.append(safe(t.name))
-        more = f" and {len(items) - 12} more" if len(items) > 12 else ""
-        lines.append(Text(f"{status.value}: {', '.join(parts)}{more}",
-                          style="yellow" if status is not Status.NOT_COMPARED else "dim"))
+        if status is Status.SHAPE_DIFFERS:
+            parts = [f"{safe(t.name)} ({symbols.times.join(map(str, t.shape_a or []))} vs "
+                     f"{symbols.times.join(map(str, t.shape_b or []))})" for t in items[:FEW]]
+        else:
+            parts = [safe(t.name) for t in items[:FEW]]
+        lines.append(Text(f"{status.value}: {name_list(parts, FEW, total=len(items))}", style="yellow"))
+    not_compared = [t for t in report.tensors if t.status is Status.NOT_COMPARED]
+    if not_compared:
+        # Each reason once, after a few of its names: one line per reason.
+        groups: dict[str, list[str]] = {}
+        for t in sorted(not_compared, key=lambda t: natural_key(t.name)):
+            groups.setdefault(str(t.note or ""), []).append(safe(t.name))
+        for reason, names in list(groups.items())[:FEW]:
+            lines.append(Text(f"not compared: {name_list(names, FEW)} ({safe(reason)})", style="yellow"))
+        if len(groups) > FEW:
+            rest = sum(len(names) for names in list(groups.values())[FEW:])
+            lines.append(Text(f"not compared: {rest} more, for {len(groups) - FEW} other reasons", style="yellow"))
     for label, kinds, reason in (("compared as values", (RemarkKind.DTYPES_DIFFER,), " (dtypes differ)"),
                                  ("not numbers, compared exactly", (RemarkKind.BYTES, RemarkKind.AS_DATA), "")):
         picked = [t for t in compared if t.note is not None and t.note.kind in kinds]
         if picked:
-            lines.append(Text(f"{label}: {', '.join(safe(t.name) for t in picked[:6])}"
-                              + (f" and {len(picked) - 6} more" if len(picked) > 6 else "") + reason, style="dim"))
-    verdict = "differ" if report.differs else "same"
-    summary = Text(f"{verdict}: ", style="bold red" if report.differs else "bold green")
+            lines.append(Text(f"{label}: {name_list([safe(t.name) for t in picked], FEW)}{reason}", style="dim"))
+    lines += _metadata_lines(report)
+    verdict = report.verdict
+    summary = Text(f"{verdict.value}: ", style="bold green" if verdict is Verdict.SAME else "bold red")
     summary.append(report.summary_line() if symbols.arrow == "→" else
                    report.summary_line().replace("‖", "|").replace("−", "-"), style="bold")
     lines.append(summary)
@@ -99,6 +108,21 @@ def render_diff(report: DiffReport, console: Console, width: int | None, *, sort
                                 f"tolerance: {tolerance}"]), style="dim"))
     print_lines(console, lines)
     console.print()
+
+
+def _metadata_lines(report: DiffReport) -> list[Text]:
+    """A line per metadata or attribute difference (a few, then how many more)."""
+    lines = []
+    for d in report.metadata_differences[:FEW]:
+        where = "file metadata" if d.where is None else f"attribute of {safe(d.where)}"
+        a = "(none)" if d.a is None else safe(d.a)
+        b = "(none)" if d.b is None else safe(d.b)
+        lines.append(Text(f"{where}: {safe(d.key)}: {a}  vs  {b}", style="yellow"))
+    more = len(report.metadata_differences) - FEW
+    if more > 0:
+        lines.append(Text(f"and {more} more metadata difference{'s' if more > 1 else ''} (--json lists them)",
+                          style="yellow"))
+    return lines
 
 
 def _short(dtype: np.dtype | str | None) -> str:

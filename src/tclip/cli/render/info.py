@@ -77,6 +77,9 @@ def render_info(info: InfoReport, console: Console, *, width: int | None = -1, s
     refused = [t for t in info.tensors if t.refused]
     for t in refused:
         lines.append(Text(f"not read: {safe(t.name)}: {safe(t.refused)}", style="dim"))
+    for names in info.shared:
+        shown = ", ".join(safe(n) for n in names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+        lines.append(Text(f"one storage: {shown}", style="dim"))
     if info.others:
         lines.append(Text("not tensors", style="bold"))
         for o in info.others:

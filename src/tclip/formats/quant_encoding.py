@@ -1,0 +1,623 @@
+"""Quantized weights stored as codes plus scale tensors, read as the logical tensors they are.
+
+:class:`BlockScaled` is the :class:`~tclip.formats.base.Encoding` of every
+convention :mod:`tclip.formats.quant_layout` understands (codes times block
+scales, times or divided by a global scale); :class:`Undecoded` stands for a
+weight recognised as quantized but not understood. :class:`LogicalReader` shows
+a file -- or a whole set -- as its logical tensors: each weight once, under its
+name, in the file whose passes own it; its parts hidden; activation scales
+marked as no weights. :func:`open_logical` opens a file that way, reading the
+quantization config beside it.
+
+The arithmetic is :mod:`tclip.core.quant`'s; this module only reads the parts
+(from whichever file of a set holds them) and cuts them into units.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..core.dtypes import is_floating
+from ..core.kernels import Scratch, UnitMoments, reduce_unit
+from ..core.quant import (
+    CODE_FORMATS,
+    Findings,
+    ScaleFindings,
+    UnitCodes,
+    closed_form,
+    code_faults,
+    dequantize,
+    is_power_of_two,
+    round_product,
+    round_quotient,
+    scale_values,
+    shift_e8m0,
+)
+from ..core.stats import TensorStats
+from ..core.units import UnitGrid
+from ..errors import TclipError, UnsupportedError
+from ._io import DEFAULT_BLOCK_BYTES
+from .base import Encoding, EncodingSummary, TensorInfo, TensorReader, TensorWriter
+from .quant_layout import QuantLayout, QuantWeight, detect, headers_of, read_configs
+
+# Scales read and rewritten per step of a rescale: a few MiB.
+RESCALE_CHUNK = 1 << 20
+
+
+class BlockGrid:
+    """Index arithmetic of a weight ``[..., R, C]`` with one scale per ``bh x bw`` block: row
+    ``g`` (of the ``lead * R`` rows) is in *band* ``(g // R) * nbr + (g % R) // bh``, and the
+    scale tensor is read as ``[lead * nbr, nbc]``."""
+
+    def __init__(self, shape: tuple[int, ...], block: tuple[int, int]) -> None:
+        self.shape = shape
+        self.rows, self.cols = shape[-2], shape[-1]
+        self.bh, self.bw = block
+        self.lead = math.prod(shape[:-2])
+        self.nbr, self.nbc = -(-self.rows // self.bh), -(-self.cols // self.bw)
+        self.bands = self.lead * self.nbr
+
+    def band(self, row: np.ndarray | int) -> np.ndarray | int:
+        return (row // self.rows) * self.nbr + (row % self.rows) // self.bh
+
+    def band_start(self, band: np.ndarray | int) -> np.ndarray | int:
+        """The first row of each band."""
+        return (band // self.nbr) * self.rows + (band % self.nbr) * self.bh
+
+
+class BlockScaled(Encoding):
+    """Codes times block scales (times or divided by a global scale): see :mod:`tclip.core.quant`."""
+
+    def __init__(self, weight: QuantWeight, dtype: np.dtype, nbytes: int) -> None:
+        assert weight.scheme is not None
+        self.weight = weight
+        self.scheme = weight.scheme
+        self.fmt = CODE_FORMATS[self.scheme.codes]
+        self.grid = BlockGrid(weight.shape, self.scheme.block)
+        self.codes = weight.codes
+        self.scales = weight.part("scales")
+        self.global_scale = weight.part("global scale")
+        self.dtype = dtype
+        self._nbytes = nbytes
+        self.scales_itemsize = 0 if self.scales is None else np.dtype(self.scales.dtype).itemsize
+        rescaled = weight.rescaled
+        self.e8m0_rescale = rescaled is not None and rescaled.role == "scales" and self.scheme.e8m0
+        self._summary = EncodingSummary(
+            self.scheme.label, self.scheme.convention,
+            tuple((p.name, p.role, p.dtype, p.shape) for p in weight.parts),
+            (rescaled.name,) if rescaled is not None else (),
+            "power of two" if self.e8m0_rescale else "any",
+            per_row=rescaled is not None and rescaled.role == "scales" and self.scheme.block[0] == 1)
+
+    @property
+    def summary(self) -> EncodingSummary:
+        return self._summary
+
+    @property
+    def nbytes(self) -> int:
+        return self._nbytes
+
+    def source(self, reader: TensorReader, info: TensorInfo) -> "ValueSource":
+        return ValueSource(self, reader)
+
+    def reducer(self, reader: TensorReader, info: TensorInfo, factor: np.ndarray | None = None) -> "CodeSource":
+        return CodeSource(self, reader, factor)
+
+    # ------------------------------------------------------------------ scales
+
+    def read_scales(self, reader: TensorReader, start: int, stop: int) -> np.ndarray:
+        """Scale elements ``[start, stop)`` as stored (raw dtype)."""
+        assert self.scales is not None
+        return reader.read_part(self.scales.name, start, stop)
+
+    def global_value(self, reader: TensorReader) -> float | None:
+        if self.global_scale is None:
+            return None
+        return float(np.asarray(reader.read_part(self.global_scale.name, 0, 1)).astype(np.float64)[0])
+
+    def new_scales(self, raw: np.ndarray, factor: np.ndarray, first_band: int) -> np.ndarray:
+        """Block scales ``raw`` (bands ``first_band..``, flat ``[bands * nbc]``) as a rescale by
+        ``factor`` writes them (raw dtype)."""
+        factor = np.asarray(factor, np.float64)
+        if factor.ndim:  # one factor per row: each band is one row (bh == 1)
+            bands = raw.size // self.grid.nbc
+            per_band = factor.reshape(-1)[first_band:first_band + bands]
+            factor = np.repeat(per_band, self.grid.nbc)
+        if self.scheme.e8m0:
+            if factor.ndim:
+                out = np.empty(raw.size, np.uint8)
+                flat = np.asarray(raw).view(np.uint8).reshape(-1)
+                for value in np.unique(factor):
+                    chosen = factor == value
+                    out[chosen] = shift_e8m0(flat[chosen], float(value))
+                return out.view(raw.dtype)
+            return shift_e8m0(raw, float(factor)).view(raw.dtype)
+        return round_product(np.asarray(raw).astype(np.float64), factor, raw.dtype)
+
+    def new_global(self, value: float, factor: float, dtype: np.dtype) -> Any:
+        if self.scheme.global_op == "divide":
+            return round_quotient(value, factor, dtype)
+        return round_product(np.asarray([value]), factor, dtype)[0]
+
+    def check_factor(self, factor: np.ndarray) -> None:
+        factor = np.asarray(factor, np.float64)
+        if factor.ndim and not self._summary.per_row:
+            raise ValueError(f"{self.weight.name}: one factor per row needs one scale per row")
+        if self.e8m0_rescale and not all(is_power_of_two(float(f)) or f == 1.0 for f in np.unique(factor)):
+            raise ValueError(f"{self.weight.name}: E8M0 scales take powers of two only")
+
+    def rescale(self, reader: TensorReader, writer: TensorWriter, info: TensorInfo,
+                factor: np.ndarray) -> list[tuple[str, Callable[[], int]]]:
+        self.check_factor(factor)
+        rescaled = self.weight.rescaled
+        assert rescaled is not None
+        if rescaled.role == "global scale":
+            def job() -> int:
+                raw = np.asarray(reader.read_part(rescaled.name, 0, 1))
+                new = self.new_global(float(raw.astype(np.float64)[0]), float(factor), raw.dtype)
+                writer.write_flat(rescaled.name, 0, np.asarray([new], raw.dtype))
+                return raw.nbytes
+            return [(rescaled.name, job)]
+
+        def scales_job() -> int:
+            total = math.prod(rescaled.shape)
+            step = max(self.grid.nbc, RESCALE_CHUNK // self.grid.nbc * self.grid.nbc)
+            done = 0
+            for start in range(0, total, step):
+                stop = min(total, start + step)
+                raw = np.asarray(reader.read_part(rescaled.name, start, stop))
+                writer.write_flat(rescaled.name, start, self.new_scales(raw, factor, start // self.grid.nbc))
+                done += raw.nbytes
+            return done
+        return [(rescaled.name, scales_job)]
+
+
+class Undecoded(Encoding):
+    """A weight recognised as quantized but not understood: listed, never read nor rescaled."""
+
+    def __init__(self, weight: QuantWeight, nbytes: int) -> None:
+        self.weight = weight
+        self._nbytes = nbytes
+        self._summary = EncodingSummary("quantized", "not understood",
+                                        tuple((p.name, p.role, p.dtype, p.shape) for p in weight.parts),
+                                        (), "none", False, weight.problem or "not understood")
+
+    @property
+    def summary(self) -> EncodingSummary:
+        return self._summary
+
+    @property
+    def nbytes(self) -> int:
+        return self._nbytes
+
+    def source(self, reader: TensorReader, info: TensorInfo) -> Any:
+        raise TclipError(f"tensor {self.weight.name!r}: {self._summary.problem}", reader.path)
+
+    reducer = source  # type: ignore[assignment]
+
+    def rescale(self, reader: TensorReader, writer: TensorWriter, info: TensorInfo,
+                factor: np.ndarray) -> list[tuple[str, Callable[[], int]]]:
+        raise ValueError(f"{self.weight.name}: {self._summary.problem}")
+
+
+# --------------------------------------------------------------------------- reading
+
+
+class _Raw:
+    """The stored data of elements ``[start, stop)``: codes (uint8, as stored) and the scales of
+    the bands they touch (float64, as read or as a rescale leaves them)."""
+
+    __slots__ = ("start", "stop", "codes", "first_band", "scales", "raw_scales", "nbytes")
+
+    def __init__(self, start: int, stop: int, codes: np.ndarray, first_band: int, scales: np.ndarray,
+                 raw_scales: np.ndarray) -> None:
+        self.start, self.stop, self.codes = start, stop, codes
+        self.first_band, self.scales, self.raw_scales = first_band, scales, raw_scales
+        self.nbytes = codes.nbytes + raw_scales.nbytes
+
+
+class CodeSource:
+    """Pass 1 (and pass 2's after-statistics) of a :class:`BlockScaled` weight, in closed form."""
+
+    dtype = np.dtype(np.uint8)  # a code costs the block budget at most a byte
+    align = 0
+    # Twice the elements of a unit of values: a code is a byte or half of one, and the
+    # per-unit work (some 40 NumPy calls) weighs less (measured: -25% CPU for FP8).
+    unit_elements = 1 << 19
+
+    def __init__(self, encoding: BlockScaled, reader: TensorReader, factor: np.ndarray | None = None) -> None:
+        self.encoding, self.reader, self.factor = encoding, reader, factor
+        names = [p.name for p in encoding.weight.parts]
+        self.parallel_safe = all(reader.part_parallel_safe(n) for n in names)
+        grid = encoding.grid
+        self.global_raw = encoding.global_value(reader)
+        self.global_value = self.global_raw
+        if factor is not None:
+            encoding.check_factor(factor)
+            if encoding.scheme.global_op is not None and self.global_raw is not None:
+                part = encoding.global_scale
+                assert part is not None
+                dtype = np.asarray(reader.read_part(part.name, 0, 1)).dtype
+                self.global_value = float(np.asarray(encoding.new_global(self.global_raw, float(factor), dtype),
+                                                     np.float64))
+        self.rescale_blocks = factor is not None and encoding.scheme.global_op is None
+        self.grid = grid
+
+    def read(self, start: int, stop: int, out: np.ndarray | None) -> _Raw:
+        encoding, grid = self.encoding, self.grid
+        per_byte = encoding.fmt.per_byte
+        if start % per_byte or stop % per_byte:
+            raise TclipError(f"internal error: a run of {encoding.weight.name!r} splits a byte of codes")
+        first, last = start // per_byte, stop // per_byte
+        codes = np.asarray(self.reader.read_part(encoding.codes.name, first, last,
+                                                 None if out is None or out.size < last - first else out))
+        codes = codes.view(np.uint8).reshape(-1)
+        first_band = int(grid.band((start // grid.cols)))
+        last_band = int(grid.band((stop - 1) // grid.cols)) if stop > start else first_band
+        raw = np.asarray(encoding.read_scales(self.reader, first_band * grid.nbc, (last_band + 1) * grid.nbc))
+        stored = raw
+        if self.rescale_blocks:
+            raw = encoding.new_scales(raw.reshape(-1), self.factor, first_band)  # type: ignore[arg-type]
+        scales = scale_values(raw, encoding.scheme.e8m0).reshape(-1, grid.nbc)
+        return _Raw(start, stop, codes, first_band, scales, stored)
+
+    def units(self, data: _Raw, grid: UnitGrid, first: int, stop: int) -> Any:
+        """Each unit ``k`` as (k, its element range, its :class:`UnitCodes`, the unit's shape)."""
+        per_byte = self.encoding.fmt.per_byte
+        for k in range(first, stop):
+            lo, hi = grid.bounds(k)
+            codes = data.codes[(lo - data.start) // per_byte:(hi - data.start) // per_byte]
+            yield k, lo, hi, self.rows(codes, lo, hi, data), grid.unit_shape(k)
+
+    def rows(self, codes: np.ndarray, lo: int, hi: int, data: _Raw) -> UnitCodes:
+        """Elements ``[lo, hi)`` (whole rows, or a piece of one) as :class:`UnitCodes`."""
+        blocks = self.grid
+        cols = blocks.cols
+        if hi - lo >= cols and lo % cols == 0:
+            rows, col0, width = (hi - lo) // cols, 0, cols
+        else:
+            rows, col0, width = 1, lo % cols, hi - lo
+        row0 = lo // cols
+        first_band, last_band = int(blocks.band(row0)), int(blocks.band(row0 + rows - 1))
+        columns = slice(col0 // blocks.bw, (col0 + width - 1) // blocks.bw + 1)
+        scales = data.scales[first_band - data.first_band:last_band - data.first_band + 1, columns]
+        runs = None
+        if blocks.bh > 1 or last_band - first_band + 1 < rows:  # bands are consecutive: one run of rows each
+            runs, start = [], row0
+            while start < row0 + rows:
+                stop = min(row0 + rows, int(blocks.band_start(int(blocks.band(start)) + 1)))
+                runs.append((start - row0, stop - row0))
+                start = stop
+        return UnitCodes(self.encoding.fmt, codes.reshape(rows, -1), col0, width, blocks.bw, scales, runs)
+
+    def reduce(self, data: _Raw, grid: UnitGrid, first: int, stop: int, stats: TensorStats,
+               scratch: Scratch | None) -> tuple[list[tuple], Findings | None]:
+        encoding = self.encoding
+        op, global_value = encoding.scheme.global_op, self.global_value
+        findings = Findings(encoding.codes.name, encoding.weight.shape) if self.factor is None else None
+        results = []
+        for k, lo, hi, unit, shape in self.units(data, grid, first, stop):
+            axes = stats.axes
+            row_axes = axes is not None and axes == (len(shape) - 1,)
+            sums, largest, smallest = closed_form(unit, row_axes, None if scratch is None else scratch.wide)
+            if op is not None:
+                sums, largest, smallest = _apply_global(sums, largest, smallest, op, global_value)
+            finite = bool(np.isfinite(sums).all()) and math.isfinite(largest) and math.isfinite(smallest)
+            moments = None
+            nans = infs = 0
+            sum_abs = 0.0
+            closed: Any = None
+            if finite and (axes is None or row_axes):
+                closed = float(np.add.reduce(sums)) if axes is None else sums.reshape(shape[:-1])
+            if closed is not None and not stats.track_moments and not stats.track_l1:
+                sum_sq: Any = closed
+            else:
+                values = self._values(unit, scratch, op, global_value).reshape(shape)
+                moments = UnitMoments() if stats.track_moments else None
+                wide_sum, low, high, nans, infs, sum_abs = reduce_unit(values, scratch, axes, stats.track_l1,
+                                                                       moments, values, extremes=not finite)
+                sum_sq = closed if closed is not None else wide_sum
+                if not finite:
+                    largest, smallest = high, low
+                    if findings is not None:
+                        bad_nan, bad_inf, at = code_faults(unit)
+                        findings.nan_codes += bad_nan
+                        findings.inf_codes += bad_inf
+                        if at >= 0:  # a unit is one run of the tensor: its flat index is lo + at
+                            findings.first_bad_code = lo + at if findings.first_bad_code < 0 \
+                                else min(findings.first_bad_code, lo + at)
+            if findings is not None:
+                self._scale_findings(findings, data, lo, hi, unit)
+            results.append((sum_sq, smallest, largest, nans, infs, sum_abs, hi - lo, moments))
+        return results, findings
+
+    def _values(self, unit: UnitCodes, scratch: Scratch | None, op: str | None, global_value: float | None
+                ) -> np.ndarray:
+        values = dequantize(unit, None if scratch is None else scratch.wide)
+        if op == "multiply":
+            values *= global_value
+        elif op == "divide":
+            with np.errstate(divide="ignore", invalid="ignore"):
+                values /= global_value
+        return values
+
+    def _scale_findings(self, findings: Findings, data: _Raw, lo: int, hi: int, unit: UnitCodes) -> None:
+        """Count each scale once: a band's scales belong to the unit holding the band's first element."""
+        encoding, blocks = self.encoding, self.grid
+        cols = blocks.cols
+        if lo % cols == 0:
+            row0, row1 = lo // cols, -(-hi // cols)
+            first_band, last_band = int(blocks.band(row0)), int(blocks.band(row1 - 1))
+            scales = encoding.scales
+            assert scales is not None
+            for band in range(first_band, last_band + 1):
+                if row0 <= int(blocks.band_start(band)) < row1:
+                    found = findings.scales.setdefault(scales.name, ScaleFindings(scales.name, scales.shape))
+                    raw = data.raw_scales.reshape(-1, blocks.nbc)[band - data.first_band]
+                    found.add(scale_values(raw, encoding.scheme.e8m0), band * blocks.nbc)
+        if lo == 0 and encoding.global_scale is not None and self.global_raw is not None:
+            part = encoding.global_scale
+            found = findings.scales.setdefault(part.name, ScaleFindings(part.name, part.shape))
+            found.add(np.asarray([self.global_raw]), 0)
+            findings.global_value = self.global_raw
+
+
+def _apply_global(row_sums: np.ndarray, largest: float, smallest: float, op: str, value: float | None
+                  ) -> tuple[np.ndarray, float, float]:
+    g = math.nan if value is None else value
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        if op == "multiply":
+            sums, a, b = row_sums * (g * g), largest * g, smallest * g
+        else:
+            sums, a, b = row_sums / (g * g), largest / g, smallest / g
+    return sums, max(a, b), min(a, b)
+
+
+class ValueSource:
+    """A :class:`BlockScaled` weight's real values, float64, in C order (for ``diff``)."""
+
+    dtype = np.dtype(np.float64)
+    align = 0
+
+    def __init__(self, encoding: BlockScaled, reader: TensorReader) -> None:
+        self.codes = CodeSource(encoding, reader)
+        self.parallel_safe = self.codes.parallel_safe
+        self.encoding = encoding
+
+    def stored_bytes(self, start: int, stop: int) -> int:
+        """What reading elements ``[start, stop)`` reads: their codes and their bands' scales."""
+        blocks = self.encoding.grid
+        bands = int(blocks.band((stop - 1) // blocks.cols)) - int(blocks.band(start // blocks.cols)) + 1
+        return (stop - start) // self.encoding.fmt.per_byte + bands * blocks.nbc * self.encoding.scales_itemsize
+
+    def read(self, start: int, stop: int, out: np.ndarray | None) -> np.ndarray:
+        encoding, blocks = self.encoding, self.encoding.grid
+        cols = blocks.cols
+        per_byte = encoding.fmt.per_byte
+        count = stop - start
+        result = out[:count * 8].view(np.float64) if out is not None and out.size >= count * 8 \
+            else np.empty(count, np.float64)
+        position = start
+        while position < stop:
+            row = position // cols
+            if position % cols == 0 and stop - position >= cols:  # whole rows at once
+                end = position + (stop - position) // cols * cols
+            else:
+                end = min(stop, (row + 1) * cols)
+            lo, hi = position - position % per_byte, end + (-end) % per_byte
+            data = self.codes.read(lo, hi, None)
+            unit = self.codes.rows(data.codes, lo, hi, data)
+            values = self.codes._values(unit, None, encoding.scheme.global_op, self.codes.global_value)
+            result[position - start:end - start] = values.reshape(-1)[position - lo:end - lo]
+            position = end
+        return result
+
+
+# --------------------------------------------------------------------------- the logical view
+
+
+def logical_dtype(weight: QuantWeight, dtypes: dict[str, np.dtype]) -> np.dtype:
+    """The dtype a rescale rounds in (the rewritten scale's), float32 where that is no float."""
+    rescaled = weight.rescaled
+    if rescaled is not None:
+        dtype = dtypes.get(rescaled.name)
+        if dtype is not None and is_floating(dtype) and weight.scheme is not None and not (
+                rescaled.role == "scales" and weight.scheme.e8m0):
+            return np.dtype(dtype)
+    return np.dtype(np.float32)
+
+
+class LogicalReader(TensorReader):
+    """A file, or a set's reader, seen as its logical tensors (see the module's docstring).
+
+    ``here``: the file this view is of within a set (its own weights are those whose
+    ``owner`` it is; parts in other files are read from them, opened here); None: every
+    weight of ``layout`` is this view's (a single file, or a reader over a whole set).
+    """
+
+    def __init__(self, stored: TensorReader, layout: QuantLayout, here: str | None = None,
+                 opener: Callable[[Path], TensorReader] | None = None) -> None:
+        super().__init__(stored.path)
+        self.stored, self.layout, self.here = stored, layout, here
+        self.format_name = stored.format_name
+        self.metadata = stored.metadata
+        self.others = stored.others
+        self._extra: dict[str, TensorReader] = {}
+        if opener is None:
+            from .registry import open_reader as opener
+        try:
+            if here is not None:
+                for file in sorted(layout.files_needed(here)):
+                    self._extra[file] = opener(Path(file))
+            self._build()
+        except BaseException:
+            self._close_extra()
+            raise
+
+    def _dtypes(self) -> dict[str, np.dtype]:
+        out = {n: i.dtype for n, i in self.stored.tensors.items()}
+        for reader in self._extra.values():
+            out.update({n: i.dtype for n, i in reader.tensors.items()})
+        return out
+
+    def _build(self) -> None:
+        layout = self.layout
+        dtypes = self._dtypes()
+        nbytes = {n: i.nbytes for n, i in self.stored.tensors.items()}
+        for reader in self._extra.values():
+            nbytes.update({n: i.nbytes for n, i in reader.tensors.items()})
+        for name, info in self.stored.tensors.items():
+            if name in layout.activation:
+                self.tensors[name] = replace(info, role="activation scale (not a weight)")
+                continue
+            logical = layout.part_of.get(name)
+            if logical is None:
+                self.tensors[name] = info
+                continue
+            weight = layout.weights[logical]
+            if logical in self.tensors or (self.here is not None and weight.owner != self.here):
+                continue
+            size = sum(nbytes.get(p.name, 0) for p in weight.parts)
+            if weight.scheme is None:
+                encoding: Encoding = Undecoded(weight, size)
+                label = "quantized"
+            else:
+                encoding = BlockScaled(weight, logical_dtype(weight, dtypes), size)
+                label = weight.scheme.label
+            dtype = encoding.dtype if isinstance(encoding, BlockScaled) else np.dtype(np.float32)
+            self.tensors[logical] = TensorInfo(logical, weight.shape, dtype, dtype_label=label, encoding=encoding)
+
+    def overlaps(self) -> list[tuple[str, str, bool]]:
+        """The stored reader's shared bytes, a part named by the weight it is part of.
+
+        A part sharing bytes with another tensor is reported as its logical weight
+        (never as identical views: the two are different kinds of values), so a plan
+        changing one of them is refused by ``work/tied.py`` as for any other tensors.
+        Two parts of one weight sharing bytes are refused here.
+        """
+        out = []
+        for first, second, same in self.stored.overlaps():
+            a, b = (self.layout.part_of.get(n, n) for n in (first, second))
+            if a == b:  # codes and scales of one weight in the same bytes: no real file does this
+                raise UnsupportedError(f"{first!r} and {second!r}, parts of the quantized weight {a!r}, share "
+                                       "bytes in the file", self.path)
+            out.append((a, b, same and (a, b) == (first, second)))
+        return out
+
+    def _holder(self, name: str) -> TensorReader:
+        if name in self.stored.tensors:
+            return self.stored
+        logical = self.layout.part_of.get(name)
+        if logical is not None:
+            for part in self.layout.weights[logical].parts:
+                if part.name == name and part.file in self._extra:
+                    return self._extra[part.file]
+        raise TclipError(f"internal error: no file of this view holds {name!r}", self.path)
+
+    def read_part(self, name: str, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
+        return self._holder(name).read_part(name, start, stop, out)
+
+    def part_parallel_safe(self, name: str) -> bool:
+        return self._holder(name).part_parallel_safe(name)
+
+    def read(self, name: str, index: Any = None, scratch: Any = None) -> np.ndarray:
+        return self.stored.read(name, index, scratch)
+
+    def read_flat(self, name: str, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
+        return self.stored.read_flat(name, start, stop, out)
+
+    def region(self, name: str) -> tuple[int, int] | None:
+        return None if name not in self.stored.tensors else self.stored.region(name)
+
+    def parallel_safe(self, name: str) -> bool:
+        return name in self.stored.tensors and self.stored.parallel_safe(name)
+
+    def align(self, name: str) -> int:
+        return self.stored.align(name) if name in self.stored.tensors else 0
+
+    def blocks(self, name: str, max_bytes: int = DEFAULT_BLOCK_BYTES) -> Any:
+        return self.stored.blocks(name, max_bytes)
+
+    def lost_in_conversion(self) -> list[str]:
+        return self.stored.lost_in_conversion()
+
+    def other_values(self, name: str, limit: int) -> np.ndarray | None:
+        return self.stored.other_values(name, limit)
+
+    def stored_bytes(self, name: str, chunk: int = 1 << 20) -> Any:
+        return self.stored.stored_bytes(name, chunk)
+
+    def _close_extra(self) -> None:
+        for reader in self._extra.values():
+            reader.close()
+        self._extra = {}
+
+    def close(self) -> None:
+        try:
+            self._close_extra()
+        finally:
+            self.stored.close()
+
+
+def stored_reader(reader: TensorReader) -> TensorReader:
+    """The reader of what the file stores (a :class:`LogicalReader`'s underlying one)."""
+    return reader.stored if isinstance(reader, LogicalReader) else reader
+
+
+def layout_of_file(path: Path, reader: TensorReader) -> QuantLayout:
+    """The quantized weights of one file, with the config beside it."""
+    return detect({os.fspath(path): list(reader.tensors.values())}, read_configs(Path(path).parent))
+
+
+def layout_of_files(files: list[Path], folder: Path, opener: Callable[[Path], TensorReader]) -> QuantLayout:
+    """The quantized weights of a set of files (the config from ``folder``)."""
+    return detect(headers_of(files, opener), read_configs(folder))
+
+
+def logical_view(reader: TensorReader, layout: QuantLayout | None = None, here: str | None = None
+                 ) -> TensorReader:
+    """``reader`` seen as its logical tensors when it holds quantized weights, else itself.
+
+    ``layout`` None: detected from the file itself and the config beside it."""
+    if isinstance(reader, LogicalReader):
+        return reader
+    if layout is None:
+        layout = layout_of_file(reader.path, reader)
+    if not layout:
+        return reader
+    return LogicalReader(reader, layout, here)
+
+
+def open_logical(path: Path | str, layout: QuantLayout | None = None, here: str | None = None) -> TensorReader:
+    """Open a file as its logical tensors (see :func:`logical_view`)."""
+    from .registry import open_reader
+
+    reader = open_reader(path)
+    try:
+        return logical_view(reader, layout, here)
+    except BaseException:
+        reader.close()
+        raise
+
+
+def open_any_logical(path: Path) -> TensorReader:
+    """A file, or the set an index names (one reader over every shard), as its logical tensors."""
+    from .sharded import SetReader, TensorSet, is_index, resolve
+
+    if not is_index(path):
+        return open_logical(path)
+    tensor_set = resolve(TensorSet(str(path), [], Path(path)))
+    reader = SetReader(tensor_set)
+    try:
+        layout = detect({os.fspath(path): list(reader.tensors.values())}, read_configs(Path(path).parent))
+        return logical_view(reader, layout)
+    except BaseException:
+        reader.close()
+        raise

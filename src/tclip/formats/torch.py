@@ -1,0 +1,640 @@
+"""PyTorch files (``torch.save``): read without torch and without running pickle; rewritten in place.
+
+What a file holds is read by :mod:`._torch_archive` (the zip directory, the pickle
+through the allowlist interpreter of :mod:`._torch_pickle`, which calls nothing).
+Each tensor is a view of a storage: a dtype, a shape, strides and an offset into
+the storage's bytes, which sit uncompressed in the file. So:
+
+- a C-contiguous view is one run of the file: :meth:`TorchReader.region`, read
+  with ``pread`` from any thread, as safetensors tensors are;
+- any other view (a transposed weight, a slice with gaps, a column, a broadcast
+  view) is gathered from its storage piece by piece: each piece is one ``pread``
+  of at most twice the elements it yields (or 1 MiB), cut up with NumPy strides,
+  so a view over a huge storage never reads or holds more than its block's worth;
+- the tensors' names are the saved object's keys joined with dots; what is not a
+  tensor (``step``, ``lr``, a config) is listed as such and kept unchanged;
+- tensors viewing one storage (tied weights, slices of one buffer) are known:
+  :meth:`TorchReader.shared_storage` and :meth:`TorchReader.overlaps`.
+
+Writing is a rewrite of the same file only (:class:`TorchWriter`): the output starts
+as a byte copy of the source without the bytes that will be rewritten, and the
+rewritten tensors' elements are written where their views put them, so the pickle,
+the zip structure, the member order and the 64-byte alignment stay byte for byte.
+The CRC-32 of every rewritten member is set anew (in its local header where it is
+there, its data descriptor and the central directory): ``torch.load`` does not check
+them, but zip tools do. A storage viewed by several tensors is written once per
+element: identical views (tied weights) by the first of them; whether several views
+may be clipped at all is decided before any writing (:mod:`tclip.work.tied`).
+Writing a PyTorch file from another format is refused: there is no pickle to keep.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import struct
+import threading
+import zlib
+from collections.abc import Collection, Iterator
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ..core.units import Index, flat_rectangles
+from ..errors import FormatError, UnsupportedError
+from ._blocks import contiguous_span, normalize_index
+from ._io import as_bytes, copy_except, pread_into, pwrite_all
+from ._torch_archive import NonTensor, StorageInfo, TorchArchive, load_torch_archive, sniff_torch
+from ._torch_pickle import TensorRef, TorchValue
+from .atomic import AtomicOutput
+from .base import OtherObject, TensorInfo, TensorReader, TensorWriter, read_region
+
+NAME = "pytorch"
+SUFFIXES = (".pt", ".pth", ".bin")
+HOLDS_METADATA = False
+SNIFF_BEFORE = ("npz",)  # a torch.save file is a zip, which .npz's sniff claims
+#: ``.bin`` names many other things: a file so named is this format's when its
+#: content says so (directories and globs pick up only those).
+CONTENT_SUFFIXES = (".bin",)
+
+# The records a torch.save (or torch.jit.save) zip may begin with, after its folder.
+_FIRST_RECORDS = frozenset({"data.pkl", "version", "byteorder", ".format_version", ".storage_alignment",
+                            "constants.pkl"})
+_FIRST_FOLDERS = ("data/", "code/", ".data/", "extra/")
+_LOCAL_HEADER = struct.Struct("<4s5H3L2H")
+
+# A gathered piece is one pread of at most twice the elements it yields, or of at most
+# this many bytes: below it, reading a gap costs less than another system call.
+_SMALL_READ = 1 << 20
+_CHUNK = 8 << 20  # bytes read at once when CRCs are computed from the output
+
+
+def sniff(head: bytes, size: int) -> bool:
+    """A zip whose first member is a record of ``torch.save`` (``<folder>/data.pkl``...),
+    or the pickled magic number that starts the legacy format."""
+    if head.startswith(b"PK\x03\x04"):
+        if len(head) < _LOCAL_HEADER.size:
+            return False
+        name_length = _LOCAL_HEADER.unpack(head[:_LOCAL_HEADER.size])[-2]
+        raw = head[_LOCAL_HEADER.size:_LOCAL_HEADER.size + name_length]
+        if len(raw) != name_length:
+            return False
+        name = raw.decode("utf-8", "replace")
+        folder, _, rest = name.partition("/")
+        return bool(folder) and (rest in _FIRST_RECORDS or rest.startswith(_FIRST_FOLDERS))
+    # every legacy file starts with pickle's PROTO; the interpreter then reads the magic number
+    return head.startswith(b"\x80") and sniff_torch(head) == "legacy"
+
+
+class View(NamedTuple):
+    """One tensor as the reader and writer locate it."""
+
+    ref: TensorRef
+    storage: StorageInfo
+    dense: bool  # C-contiguous with no lazy negation/conjugation: one run of the file
+
+    @property
+    def first_byte(self) -> int:
+        """File offset of the view's first element."""
+        return self.storage.offset + self.ref.offset * self.ref.dtype.itemsize
+
+    def byte_span(self) -> tuple[int, int]:
+        """``[start, stop)`` file offsets of the bytes the view touches."""
+        first, stop = self.ref.span()
+        itemsize = self.ref.dtype.itemsize
+        return self.storage.offset + first * itemsize, self.storage.offset + stop * itemsize
+
+    @property
+    def identity(self) -> tuple[Any, ...]:
+        ref = self.ref
+        return (ref.storage.key, ref.dtype, ref.offset, ref.shape, ref.stride, ref.neg, ref.conj)
+
+
+class Overlap(NamedTuple):
+    """Two tensors whose data share bytes of the file; ``same``: identical views (tied weights)."""
+
+    first: str
+    second: str
+    same: bool
+
+
+def _view_of(archive: TorchArchive, name: str) -> View:
+    ref = archive.tensors[name]
+    ndim = len(ref.shape)
+    dense = ref.order() == tuple(range(ndim)) and not ref.neg and not ref.conj
+    return View(ref, archive.storages[ref.storage.key], dense)
+
+
+def _pieces(view: View, lo: tuple[int, ...], extent: tuple[int, ...]) -> Iterator[tuple[Index, int, int]]:
+    """Cover the block ``lo + [0, extent)`` of a view with pieces, each readable by one pread.
+
+    Yields ``(index within the block, first storage element, span in elements)``, in
+    storage order for views with positive strides. A piece spans at most twice its
+    elements, or at most :data:`_SMALL_READ` bytes (reading a gap is cheaper than a
+    system call). A block too sparse for one piece is cut along its axis of the
+    largest stride into runs of as many indices as fit, and so on inwards: a
+    transposed view becomes groups of its storage's rows, a column small reads.
+    """
+    ref = view.ref
+    stride = ref.stride
+    small = max(1, _SMALL_READ // ref.dtype.itemsize)
+
+    def cover(start: tuple[int, ...], sizes: tuple[int, ...]) -> Iterator[tuple[Index, int, int]]:
+        count = math.prod(sizes)
+        if count == 0:
+            return
+        span = sum((n - 1) * s for n, s in zip(sizes, stride)) + 1
+        if span <= 2 * count or span <= small:
+            first = ref.offset + sum((a + b) * s for a, b, s in zip(lo, start, stride))
+            yield tuple(slice(a, a + n) for a, n in zip(start, sizes)), first, span
+            return
+        axis = max((i for i, n in enumerate(sizes) if n > 1), key=lambda i: (stride[i], -i))
+        step, inner = stride[axis], span - (sizes[axis] - 1) * stride[axis]
+        inner_count = count // sizes[axis]
+        # The most indices k along the axis whose piece fits: (k-1)*step + inner elements
+        # within the small read, or within 2*k*inner_count (possible for some k only when
+        # the axis is sparser than that: step > 2*inner_count). A piece of one index is
+        # cut further along its other axes.
+        fits = (small - inner) // step + 1 if inner <= small else 0
+        if step > 2 * inner_count and step >= inner:
+            fits = max(fits, (step - inner) // (step - 2 * inner_count))
+        k = max(1, min(fits, sizes[axis] // 2))  # the whole block did not fit: cut it
+        for first_index in range(0, sizes[axis], k):
+            piece_start, piece_sizes = list(start), list(sizes)
+            piece_start[axis] += first_index
+            piece_sizes[axis] = min(k, sizes[axis] - first_index)
+            yield from cover(tuple(piece_start), tuple(piece_sizes))
+
+    return cover(tuple(0 for _ in extent), extent)
+
+
+def _strided(buffer: np.ndarray, ref: TensorRef, sizes: tuple[int, ...], writeable: bool = False) -> np.ndarray:
+    itemsize = ref.dtype.itemsize
+    return np.lib.stride_tricks.as_strided(buffer, sizes, [s * itemsize for s in ref.stride], writeable=writeable)
+
+
+class TorchReader(TensorReader):
+    """A ``torch.save`` file (zip or legacy format): tensors as views of located storages."""
+
+    format_name = NAME
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            before = os.fstat(self._fd)
+            self.archive = load_torch_archive(path)
+            after = os.stat(path)
+            if (before.st_dev, before.st_ino, before.st_size, before.st_mtime_ns) != \
+                    (after.st_dev, after.st_ino, after.st_size, after.st_mtime_ns):
+                raise FormatError("the file changed while it was being read", path)
+            self.views = {name: _view_of(self.archive, name) for name in self.archive.tensors}
+            for name, view in self.views.items():
+                ref = view.ref
+                # (no attrs: strides, offsets and storage keys are layout, which diff must not
+                # report as differences between two saves of the same tensors)
+                self.tensors[name] = TensorInfo(name, ref.shape, ref.dtype)
+            self.others = [_other(leaf) for leaf in self.archive.others]
+            self._values = {leaf.name: leaf.value for leaf in self.archive.others}
+        except BaseException:
+            os.close(self._fd)
+            raise
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)
+
+    # ----------------------------------------------------------------------- storages
+
+    def shared_storage(self) -> list[tuple[str, ...]]:
+        """The names viewing each storage that more than one tensor views, in file order."""
+        return list(self.archive.shared.values())
+
+    def overlaps(self) -> list[Overlap]:
+        """Pairs of tensors whose data share bytes of the file.
+
+        Identical views (tied weights) pair each with the first of them; other views
+        of one storage pair when their elements meet (views of one buffer with gaps
+        between their elements, as ``t[::2]`` and ``t[1::2]``, do not).
+
+        Raises:
+            UnsupportedError: so many views of one storage overlap that checking them
+                all is unreasonable (no file saved from a model has more than a few).
+        """
+        pairs: list[Overlap] = []
+        budget = [_MAX_OVERLAP_CHECKS]
+        for names in self.archive.shared.values():
+            first_of: dict[tuple[Any, ...], str] = {}
+            distinct: list[str] = []
+            for name in names:
+                view = self.views[name]
+                if view.ref.size == 0:
+                    continue
+                key = view.identity
+                if key in first_of:
+                    pairs.append(Overlap(first_of[key], name, True))
+                else:
+                    first_of[key] = name
+                    distinct.append(name)
+            pairs += self._meeting(distinct, budget)
+        return pairs
+
+    def _meeting(self, names: list[str], budget: list[int]) -> list[Overlap]:
+        spans = sorted((self.views[n].byte_span(), i, n) for i, n in enumerate(names))
+        found: list[Overlap] = []
+        active: list[tuple[int, int, str]] = []  # (stop, order, name) of spans still open
+        for (start, stop), order, name in spans:
+            active = [a for a in active if a[0] > start]
+            for _, other_order, other in active:
+                budget[0] -= 1
+                if budget[0] < 0:
+                    raise UnsupportedError(f"more than {_MAX_OVERLAP_CHECKS} pairs of views of one storage "
+                                           "overlap; tclip refuses such a file", self.path)
+                if _elements_meet(self.views[other], self.views[name]):
+                    pair = (other, name) if other_order < order else (name, other)
+                    found.append(Overlap(pair[0], pair[1], False))
+            active.append((stop, order, name))
+        return found
+
+    # ----------------------------------------------------------------------- reading
+
+    def region(self, name: str) -> tuple[int, int] | None:
+        view = self.views[name]
+        return (self._fd, view.first_byte) if view.dense else None
+
+    def parallel_safe(self, name: str) -> bool:
+        return True  # every read is a pread
+
+    def read(self, name: str, index: Index | None = None, scratch: bytearray | None = None) -> np.ndarray:
+        view = self.views[name]
+        if view.dense:
+            return read_region(self, name, index)
+        index = normalize_index(index, view.ref.shape)
+        sizes = tuple(s.stop - s.start for s in index)
+        out = np.empty(sizes, view.ref.dtype)
+        self._gather(name, view, tuple(s.start for s in index), out)
+        return out
+
+    def read_flat(self, name: str, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
+        view = self.views[name]
+        if view.dense:
+            return super().read_flat(name, start, stop, out)
+        count = stop - start
+        nbytes = count * view.ref.dtype.itemsize
+        result = out[:nbytes].view(view.ref.dtype) if out is not None and out.size >= nbytes \
+            else np.empty(count, view.ref.dtype)
+        position = 0
+        for rect in flat_rectangles(view.ref.shape, start, stop):
+            sizes = tuple(s.stop - s.start for s in rect)
+            n = math.prod(sizes)
+            self._gather(name, view, tuple(s.start for s in rect), result[position:position + n].reshape(sizes))
+            position += n
+        return result
+
+    def _gather(self, name: str, view: View, lo: tuple[int, ...], out: np.ndarray) -> None:
+        """Fill ``out`` (the block at ``lo`` of its shape) from the storage, piece by piece."""
+        ref = view.ref
+        itemsize = ref.dtype.itemsize
+        for index, first, span in _pieces(view, lo, out.shape):
+            raw = np.empty(span * itemsize, np.uint8)
+            pread_into(self._fd, raw.data, view.storage.offset + first * itemsize, self.path, name)
+            out[index] = _strided(raw.view(ref.dtype), ref, out[index].shape)
+        if ref.conj:
+            np.conjugate(out, out=out)
+        if ref.neg:
+            np.negative(out, out=out)
+
+    def stored_bytes(self, name: str, chunk: int = 1 << 20) -> Iterator[bytes] | None:
+        return super().stored_bytes(name, chunk) if self.views[name].dense else None
+
+    def other_values(self, name: str, limit: int) -> np.ndarray | None:
+        """A saved number or string (``step``, ``lr``), for comparing two checkpoints."""
+        return _plain_value(self._values[name], limit) if name in self._values else None
+
+
+_MAX_OVERLAP_CHECKS = 100_000  # about a second of exact checks
+
+
+def _elements_meet(a: View, b: View) -> bool:
+    """Whether two views of one storage whose byte spans intersect share an element's bytes.
+
+    Dense views cover their spans. Otherwise NumPy's exact test of two strided
+    arrays decides, on arrays that only describe the views (its answer is
+    arithmetic on their addresses and strides; nothing is read); a question too
+    hard for its work limit counts as meeting.
+    """
+    if a.ref.order() is not None and b.ref.order() is not None:
+        return True
+    try:
+        return bool(np.shares_memory(_describe(a), _describe(b), max_work=100_000))
+    except _TOO_HARD:
+        return True
+
+
+_TOO_HARD = getattr(getattr(np, "exceptions", np), "TooHardError")
+
+
+class _Described:
+    """An object whose ``__array_interface__`` describes a view's bytes at a made-up
+    address (its storage's file offset): NumPy never touches that memory here."""
+
+    def __init__(self, view: View) -> None:
+        ref = view.ref
+        itemsize = ref.dtype.itemsize
+        self.__array_interface__ = {
+            "shape": (*ref.shape, itemsize), "typestr": "|u1", "version": 3,
+            "strides": (*(s * itemsize for s in ref.stride), 1),
+            "data": ((1 << 40) + view.first_byte, True),
+        }
+
+
+def _describe(view: View) -> np.ndarray:
+    return np.asarray(_Described(view))
+
+
+def _other(leaf: NonTensor) -> OtherObject:
+    text = _value_text(leaf.value)
+    return OtherObject(leaf.name, leaf.kind, f"value {text}" if text else "not a tensor; kept as it is")
+
+
+def _value_text(value: Any) -> str:
+    if isinstance(value, TorchValue):
+        return f"torch.{value.text}" if value.kind == "dtype" else value.text
+    if value is None or isinstance(value, bool | int | float | complex):
+        text = repr(value)
+    elif isinstance(value, str):
+        text = repr(value)
+    else:
+        return ""
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _plain_value(value: Any, limit: int) -> np.ndarray | None:
+    if isinstance(value, bool) or isinstance(value, float):
+        return np.asarray(value)
+    if isinstance(value, int):
+        return np.asarray(value) if -(1 << 63) <= value < (1 << 63) else None
+    if isinstance(value, str) and len(value) * 4 <= limit:
+        return np.asarray(value)
+    return None
+
+
+# --------------------------------------------------------------------------- writing
+
+
+class _Member(NamedTuple):
+    """Where a storage member's CRC-32 lives in the output."""
+
+    name: str
+    data_offset: int
+    size: int
+    crc_offsets: tuple[int, ...]  # local header (when set there), data descriptor, central directory
+
+
+class TorchWriter(TensorWriter):
+    """Rewrites tensors of a ``torch.save`` file in a copy of it (see the module's docstring)."""
+
+    format_name = NAME
+
+    def __init__(self, target: Path, tensors: list[TensorInfo], output: AtomicOutput, *,
+                 like: TorchReader, rewritten: Collection[str] | None) -> None:
+        super().__init__(target, tensors, output)
+        self.like = like
+        chosen = None if rewritten is None else set(rewritten)
+        names = [n for n in like.tensors if chosen is None or n in chosen]
+        self.rewritten = set(names)
+        # Identical views are written once, by the first: the others' writes carry the same bytes.
+        first_of: dict[tuple[Any, ...], str] = {}
+        self._silent: set[str] = set()
+        for name in names:
+            key = like.views[name].identity
+            if key in first_of:
+                self._silent.add(name)
+            else:
+                first_of[key] = name
+        # A storage with a rewritten view that is not one run is patched by read-modify-write
+        # of pieces: every write into it then takes the storage's lock.
+        self._locks = {like.views[n].storage.key: threading.Lock() for n in names
+                       if not like.views[n].dense and n not in self._silent}
+        self._lock = threading.Lock()
+        self._written: dict[str, int] = {}
+        self._runs: dict[str, list[tuple[int, int, int]]] = {}  # storage key -> (file offset, bytes, crc)
+        size = os.fstat(like._fd).st_size
+        self._size = size
+        self._members = self._locate_members() if like.archive.format == "zip" else {}
+        holes = [(like.views[n].first_byte, like.views[n].ref.nbytes) for n in names
+                 if like.views[n].dense and n not in self._silent
+                 and like.views[n].storage.key not in self._locks]
+        self._fd = output.open()
+        try:
+            os.ftruncate(self._fd, size)
+            copy_except(like._fd, self._fd, size, holes, like.path)
+        except BaseException:
+            os.close(self._fd)
+            self._fd = -1
+            raise
+
+    def _locate_members(self) -> dict[str, _Member]:
+        """The CRC fields of each storage member that will be rewritten, checked."""
+        import zipfile
+
+        like = self.like
+        keys = {like.views[n].storage.key for n in self.rewritten}
+        try:
+            with os.fdopen(os.dup(like._fd), "rb") as handle, zipfile.ZipFile(handle) as archive:
+                infos = archive.infolist()
+                entries = _directory_entries(like._fd, archive.start_dir, len(infos))
+        except (zipfile.BadZipFile, ValueError, struct.error, OSError) as error:
+            raise FormatError(f"not a valid zip archive ({error})", like.path) from None
+        by_name = {info.filename: (info, entry) for info, entry in zip(infos, entries)}
+        members: dict[str, _Member] = {}
+        for key in keys:
+            storage = like.archive.storages[key]
+            info, entry = by_name[storage.member]  # type: ignore[index]
+            offsets = [entry + 16]
+            fields = _LOCAL_HEADER.unpack(os.pread(like._fd, _LOCAL_HEADER.size, info.header_offset))
+            flags, local_crc = fields[2], fields[6]
+            if not flags & 0x8 or local_crc != 0:
+                if local_crc != info.CRC:
+                    raise FormatError(f"member {storage.member!r}: its local header and the central directory "
+                                      "disagree on its CRC-32", like.path)
+                offsets.append(info.header_offset + 14)
+            if flags & 0x8:
+                end = storage.offset + storage.nbytes
+                tail = os.pread(like._fd, 8, end)
+                crc = struct.pack("<L", info.CRC)
+                if tail[:4] == b"PK\x07\x08" and tail[4:8] == crc:
+                    offsets.append(end + 4)
+                elif tail[:4] == crc:
+                    offsets.append(end)
+                else:
+                    raise FormatError(f"member {storage.member!r}: no data descriptor with its CRC-32 after "
+                                      "its data", like.path)
+            members[key] = _Member(storage.member, storage.offset, storage.nbytes, tuple(offsets))  # type: ignore[arg-type]
+        return members
+
+    def parallel_safe(self, name: str) -> bool:
+        return True
+
+    def write_flat(self, name: str, start: int, data: np.ndarray) -> None:
+        self._check_rewritten(name)
+        view = self.like.views[name]
+        values = np.asarray(data)
+        if values.dtype != view.ref.dtype:
+            values = values.astype(view.ref.dtype)
+        count = values.size
+        if name not in self._silent and count:
+            if view.dense:
+                self._write_run(view, view.first_byte + start * view.ref.dtype.itemsize, values)
+            else:
+                position = 0
+                for rect in flat_rectangles(view.ref.shape, start, start + count):
+                    sizes = tuple(s.stop - s.start for s in rect)
+                    n = math.prod(sizes)
+                    self._scatter(view, tuple(s.start for s in rect), values[position:position + n].reshape(sizes))
+                    position += n
+        with self._lock:
+            self._written[name] = self._written.get(name, 0) + count
+
+    def write(self, name: str, index: Index, data: np.ndarray) -> None:
+        self._check_rewritten(name)
+        view = self.like.views[name]
+        index = normalize_index(index, view.ref.shape)
+        values = np.asarray(data, dtype=view.ref.dtype)
+        if view.dense:
+            span = contiguous_span(index, view.ref.shape, False) if index else (0, 1)
+            if span is None:
+                raise FormatError(f"internal error: block {index} of {name!r} is not contiguous", self.target)
+            self.write_flat(name, span[0], values.reshape(-1))
+            return
+        if name not in self._silent and values.size:
+            self._scatter(view, tuple(s.start for s in index), values.reshape(tuple(s.stop - s.start for s in index)))
+        with self._lock:
+            self._written[name] = self._written.get(name, 0) + values.size
+
+    def _check_rewritten(self, name: str) -> None:
+        if name not in self.rewritten:
+            raise FormatError(f"internal error: tensor {name!r} was not announced as rewritten", self.target)
+
+    def _write_run(self, view: View, offset: int, values: np.ndarray) -> None:
+        raw = as_bytes(_stored(view.ref, values))
+        lock = self._locks.get(view.storage.key)
+        if lock is not None:
+            with lock:
+                pwrite_all(self._fd, raw, offset)
+            return
+        crc = zlib.crc32(raw)  # the GIL is released for large buffers: runs check in parallel
+        pwrite_all(self._fd, raw, offset)
+        with self._lock:
+            self._runs.setdefault(view.storage.key, []).append((offset, len(raw), crc))
+
+    def _scatter(self, view: View, lo: tuple[int, ...], values: np.ndarray) -> None:
+        """Write a block of a view that is not one run: each piece is read from the output,
+        its elements set, and written back, under its storage's lock (the gaps between
+        the elements may belong to other tensors)."""
+        ref = view.ref
+        itemsize = ref.dtype.itemsize
+        stored = _stored(ref, values)
+        lock = self._locks[view.storage.key]
+        for index, first, span in _pieces(view, lo, stored.shape):
+            offset = view.storage.offset + first * itemsize
+            raw = np.empty(span * itemsize, np.uint8)
+            with lock:
+                pread_into(self._fd, raw.data, offset, self.target, ref.storage.key)
+                target = _strided(raw.view(ref.dtype), ref, stored[index].shape, writeable=True)
+                target[...] = stored[index]
+                pwrite_all(self._fd, raw.data, offset)
+
+    def copy_tensor(self, reader: TensorReader, name: str, max_bytes: int = 8 << 20) -> None:
+        """Tensors not rewritten are in the copy already."""
+        if reader is not self.like:
+            raise FormatError("internal error: a PyTorch file is written only from itself", self.target)
+
+    def _finish(self) -> None:
+        for name in self.rewritten:
+            if self._written.get(name, 0) != self.like.tensors[name].size:
+                raise FormatError(f"internal error: tensor {name!r} incomplete", self.target)
+        for key, member in self._members.items():
+            runs = None if key in self._locks else self._runs.get(key, [])
+            packed = struct.pack("<L", self._member_crc(member, runs))
+            for offset in member.crc_offsets:
+                os.pwrite(self._fd, packed, offset)
+        fd, self._fd = self._fd, -1
+        os.close(fd)
+
+    def _member_crc(self, member: _Member, runs: list[tuple[int, int, int]] | None) -> int:
+        """The member's CRC-32 from the CRCs of the runs written into it and of the bytes
+        between them (read back from the output); with ``runs`` None, or runs that overlap,
+        from all its bytes read back."""
+        from .npz import crc32_combine
+
+        start, stop = member.data_offset, member.data_offset + member.size
+        ordered = sorted(runs or [])
+        if runs is None or any(b[0] < a[0] + a[1] for a, b in zip(ordered, ordered[1:])):
+            return self._crc_of(start, stop)
+        total, position = 0, start  # 0: the CRC-32 of no bytes
+        for offset, length, crc in ordered:
+            if offset > position:
+                total = crc32_combine(total, self._crc_of(position, offset), offset - position)
+            total = crc32_combine(total, crc, length)
+            position = offset + length
+        if position < stop:
+            total = crc32_combine(total, self._crc_of(position, stop), stop - position)
+        return total
+
+    def _crc_of(self, start: int, stop: int) -> int:
+        crc = 0
+        position = start
+        while position < stop:
+            chunk = os.pread(self._fd, min(_CHUNK, stop - position), position)
+            if not chunk:
+                raise FormatError("internal error: the output is shorter than its source", self.target)
+            crc = zlib.crc32(chunk, crc)
+            position += len(chunk)
+        return crc
+
+    def _close_quietly(self) -> None:
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _directory_entries(fd: int, start: int, count: int) -> list[int]:
+    """File offsets of the central directory's entries, in order (``start``: where zipfile
+    found the directory, past any zip64 records and data prepended to the archive)."""
+    offsets, position = [], start
+    for _ in range(count):
+        head = os.pread(fd, 46, position)
+        if len(head) != 46 or head[:4] != b"PK\x01\x02":
+            raise ValueError("bad central directory entry")
+        name_length, extra_length, comment_length = struct.unpack("<HHH", head[28:34])
+        offsets.append(position)
+        position += 46 + name_length + extra_length + comment_length
+    return offsets
+
+
+def _stored(ref: TensorRef, values: np.ndarray) -> np.ndarray:
+    """The values as the storage holds them (a view with torch's lazy negative bit stores -x)."""
+    values = np.ascontiguousarray(values, dtype=ref.dtype)
+    return np.negative(values) if ref.neg else values
+
+
+def Writer(target: Path, tensors: list[TensorInfo], output: AtomicOutput, *,  # noqa: N802 (the format's writer)
+           like: TensorReader | None, metadata: dict[str, str] | None,
+           rewritten: Collection[str] | None) -> TensorWriter:
+    """A rewrite of a PyTorch file itself; from another format, refused (no pickle to keep)."""
+    if not isinstance(like, TorchReader):
+        raise UnsupportedError("tclip writes a PyTorch file only as a rewrite of one (its pickle is kept byte "
+                               "for byte); write .safetensors instead", target)
+    if [t.name for t in tensors] != list(like.tensors):
+        raise UnsupportedError("a PyTorch file is rewritten with all its tensors; write .safetensors to leave "
+                               "some out", target)
+    return TorchWriter(target, tensors, output, like=like, rewritten=rewritten)
+
+
+Reader = TorchReader

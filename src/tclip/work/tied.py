@@ -1,0 +1,91 @@
+"""Tensors that share bytes of their file (tied weights, views of one buffer in a PyTorch file).
+
+Rewriting such a file in its own format writes each shared byte once, so the
+tensors sharing it must come out of the plan with one result for it: identical
+views (``lm_head.weight`` tied to ``embed_tokens.weight``) need the same work;
+other overlapping views (a weight and its transpose, a row of it) need the same
+single factor, or the same value bounds. A tensor that shares bytes with a
+rewritten one and is not rewritten itself would change unasked, so that is
+refused too, except under ``value`` for a selected tensor of the same dtype: it
+was left alone because all its values are within the bounds, which the rewrite of
+the other then leaves as they are. Converting to another format writes every
+tensor apart, and needs none of this.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import UnsupportedError
+from .plan import TensorWork
+from .statistics import FileStats
+
+
+def check_tied(stats: FileStats, work: dict[str, TensorWork], mode_name: str) -> None:
+    """Refuse a plan that would give bytes shared by two tensors two different results.
+
+    Args:
+        stats: pass 1 of the file (its ``overlaps`` and which tensors were selected).
+        work: the plan's work for the file.
+        mode_name: the clip mode, for the message.
+
+    Raises:
+        UnsupportedError: naming both tensors and why; nothing has been written.
+    """
+    selected = set(stats.selected)
+    dtypes = {t.name: t.dtype for t in stats.tensors}
+    encoded = {t.name for t in stats.tensors if t.encoding is not None}
+    for first, second, same in stats.overlaps:
+        a, b = work.get(first), work.get(second)
+        if a is None and b is None:
+            continue
+        if first in encoded or second in encoded:
+            # A quantized weight is rewritten through its scales, the other tensor through its
+            # values: no factor makes the two agree on the bytes they share.
+            weight, other = (first, second) if first in encoded else (second, first)
+            raise UnsupportedError(
+                f"the quantized weight {weight!r} shares bytes in the file with tensor {other!r}, and {mode_name} "
+                "would rewrite them in two ways (its scales, the other's values); nothing was written",
+                stats.path)
+        if a is not None and b is not None:
+            if _same_result(a, b, same and dtypes[first] == dtypes[second]):
+                continue
+            raise UnsupportedError(
+                f"tensors {first!r} and {second!r} share storage in the file, and {mode_name} would change them "
+                f"differently ({_effect(a)} and {_effect(b)}), but each shared value is stored once; nothing was "
+                "written. The global mode scales them by one factor; a conversion to safetensors stores each apart",
+                stats.path)
+        changed, other = (first, second) if a is not None else (second, first)
+        task = a if a is not None else b
+        assert task is not None
+        if task.bounds is not None and other in selected and dtypes[other] == dtypes[changed]:
+            continue  # all of other's values are within the bounds: the rewrite leaves them as they are
+        why = "would be left unchanged" if other in selected else "is not selected"
+        raise UnsupportedError(
+            f"clipping tensor {changed!r} would change tensor {other!r} too (they share storage in the file), "
+            f"which {why}; nothing was written. Select both, or convert to safetensors, which stores each apart",
+            stats.path)
+
+
+def _same_result(a: TensorWork, b: TensorWork, same_view: bool) -> bool:
+    if a.bounds is not None or b.bounds is not None:
+        return a.bounds == b.bounds
+    assert a.scale is not None and b.scale is not None
+    if same_view:
+        return a.scale.shape == b.scale.shape and bool(np.array_equal(a.scale, b.scale))
+    # different views of the same elements: only one factor for every element agrees
+    return _uniform(a.scale) is not None and _uniform(a.scale) == _uniform(b.scale)
+
+
+def _uniform(scale: np.ndarray) -> float | None:
+    values = np.unique(scale)
+    return float(values[0]) if values.size == 1 else None
+
+
+def _effect(task: TensorWork) -> str:
+    if task.bounds is not None:
+        return f"bounds [{task.bounds[0]:.6g}, {task.bounds[1]:.6g}]"
+    assert task.scale is not None
+    factor = _uniform(task.scale)
+    return f"×{factor:.6g}" if factor is not None else f"{task.scale.size} factors, one per slice"
+
