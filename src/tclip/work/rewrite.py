@@ -18,7 +18,7 @@ from ..core.kernels import Scratch, clip_unit, scale_unit
 from ..core.stats import TensorStats, kept_index, normalize_axes
 from ..core.zeros import counted, counts_flushes, flush_limit, flushed_count, nonzero_count
 from ..errors import TclipError, UnsupportedError
-from ..formats import TensorReader, TensorWriter, create_writer
+from ..formats import TensorReader, TensorWriter, create_writer, open_reader
 from ..formats.quant_encoding import logical_view, open_logical, stored_reader
 from ..formats.quant_layout import QuantLayout
 from ..formats.registry import holds_metadata, output_format
