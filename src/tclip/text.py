@@ -67,15 +67,6 @@ def name_list(names: Sequence[str], limit: int = 3, *, total: int | None = None)
     return shown if count <= limit else f"{shown} and {count - min(limit, len(names))} more"
 
 
-def name_list(names: Sequence[str], limit: int = 3, *, total: int | None = None) -> str:
-    """``a, b, c and 47 more``: at most ``limit`` names (in the order given), so a line
-    naming tensors stays one line whatever their number; ``total`` when ``names`` holds
-    only the first few of them."""
-    count = len(names) if total is None else total
-    shown = ", ".join(names[:limit])
-    return shown if count <= limit else f"{shown} and {count - min(limit, len(names))} more"
-
-
 def _special(value: float | None, dash: str) -> str | None:
     if value is None:
         return dash
