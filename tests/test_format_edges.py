@@ -134,8 +134,8 @@ def sparse_safetensors(path: Path, code: str, shape: list[int], nbytes: int) -> 
 BIG = 2_199_999_999  # past 2**31 - 1 bytes; a multiple of 3 (6-bit types)
 
 
-@pytest.mark.parametrize("code,shape", [("F4", [2, BIG]), ("F6_E2M3", [BIG // 3, 4]), ("F8_E4M3FNUZ", [BIG]),
-                                        ("F8_E5M2FNUZ", [3, BIG // 3]), ("X9_FUTURE", [BIG])])
+@pytest.mark.parametrize("code,shape", [("F4", [2, BIG]), ("F6_E2M3", [BIG // 3, 4]),
+                                        ("F6_E3M2", [4, BIG // 3]), ("X9_FUTURE", [BIG])])
 def test_a_tensor_of_a_dtype_tclip_does_not_read_past_2_gib_is_carried(tmp_path, code, shape):
     path = tmp_path / "experts.safetensors"
     head = sparse_safetensors(path, code, shape, BIG)
