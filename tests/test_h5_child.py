@@ -5,6 +5,7 @@ and is one `Error:` line naming the file; h5py's own exceptions are errors, neve
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 import signal
@@ -18,7 +19,7 @@ import pytest
 
 from tclip.errors import FormatError
 from tclip.formats import _h5probe as h5probe
-from tclip.formats import open_reader
+from tclip.formats import TensorInfo, open_reader
 from tclip.formats.hdf5 import Hdf5Reader
 from tclip.pipeline import report_file
 
@@ -205,10 +206,19 @@ def test_the_child_reads_what_tclip_reads(tmp_path):
         f["words"] = np.array([b"alpha", b"beta"])
         f["records"] = np.array([(1.0, 2)], dtype=[("x", "<f4"), ("n", "<i4")])
         f.create_dataset("text", data=["vlen", "strings"], dtype=h5py.string_dtype())
+        f["extended"] = np.arange(3.0, dtype=np.longdouble)  # a type never read: fails a gate
+        f["layers/dense/vars/0"] = np.ones(3, np.float32)  # Keras 3's layout: optimizer state flagged
+        f["optimizer/vars/0"] = np.zeros(3, np.float32)
     with Hdf5Reader(path, isolated=True) as child, Hdf5Reader(path, isolated=False) as local:
         assert list(child.tensors) == list(local.tensors)
         assert child.tensors == local.tensors and child.metadata == local.metadata
-        assert [o.name for o in child.others] == [o.name for o in local.others]
+        # every field, also those equality leaves out
+        fields = [f.name for f in dataclasses.fields(TensorInfo) if f.name != "encoding"]
+        assert [[getattr(t, k) for k in fields] for t in child.tensors.values()] == \
+            [[getattr(t, k) for k in fields] for t in local.tensors.values()]
+        assert child.tensors["optimizer/vars/0"].optimizer_state
+        assert child.others == local.others
+        assert [o.name for o in child.others if o.unreadable_type] == ["extended"]
         for name, info in local.tensors.items():
             assert child.read(name).tobytes() == local.read(name).tobytes(), name
             assert child.read_flat(name, 0, info.size).tobytes() == local.read_flat(name, 0, info.size).tobytes()

@@ -483,9 +483,11 @@ class Hdf5Reader(TensorReader):
             for corner, offset, size in self._chunk_table.get(name, ()):
                 tables += (*corner, offset, size)
         description = {
-            "tensors": [[t.name, list(t.shape), t.dtype.str, dict(t.attrs), t.refused] for t in self.tensors.values()],
-            "others": [[o.name, o.kind, o.reason, None if o.shape is None else list(o.shape), o.dtype, o.numeric]
-                       for o in self.others],
+            # every field the walk sets: a field left out here is lost for every file read in a child
+            "tensors": [[t.name, list(t.shape), t.dtype.str, dict(t.attrs), t.refused, t.optimizer_state]
+                        for t in self.tensors.values()],
+            "others": [[o.name, o.kind, o.reason, None if o.shape is None else list(o.shape), o.dtype, o.numeric,
+                        o.unreadable_type] for o in self.others],
             "metadata": self.metadata,
             "groups": self.group_attributes,
             "contiguous": {name: list(span) for name, span in self.contiguous_raw.items()},
@@ -524,10 +526,12 @@ class Hdf5Reader(TensorReader):
                     del _WALKED[next(iter(_WALKED))]
 
     def _load(self, description: dict[str, Any], table: bytes) -> None:
-        for name, shape, dtype, attrs, refused in description["tensors"]:
-            self.tensors[name] = TensorInfo(name, tuple(shape), np.dtype(dtype), attrs=attrs, refused=refused)
-        self.others = [OtherObject(name, kind, reason, None if shape is None else tuple(shape), dtype, numeric)
-                       for name, kind, reason, shape, dtype, numeric in description["others"]]
+        for name, shape, dtype, attrs, refused, optimizer_state in description["tensors"]:
+            self.tensors[name] = TensorInfo(name, tuple(shape), np.dtype(dtype), attrs=attrs, refused=refused,
+                                            optimizer_state=bool(optimizer_state))
+        self.others = [OtherObject(name, kind, reason, None if shape is None else tuple(shape), dtype, numeric,
+                                   unreadable_type=bool(unreadable))
+                       for name, kind, reason, shape, dtype, numeric, unreadable in description["others"]]
         self.metadata = description["metadata"]
         self.group_attributes = description["groups"]
         self.contiguous_raw = {name: (int(offset), int(nbytes)) for name, (offset, nbytes)
