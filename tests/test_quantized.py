@@ -553,8 +553,9 @@ def test_a_quantized_set_on_a_dask_cluster_gives_the_same_bytes(examples, tmp_pa
 
     distributed = pytest.importorskip("dask.distributed")
     folder = examples["modelopt_nvfp4_sharded"]
+    # dashboard on a free port (None still takes 8787, and fails where another cluster has it)
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-                                  dashboard_address=None, silence_logs=50) as local:
+                                  dashboard_address=":0", silence_logs=50) as local:
         result = subprocess.run([sys.executable, "-m", "tclip", "global", "--clip", "10", "--dask",
                                  local.scheduler_address, "--out-dir", str(tmp_path / "out"), str(target(folder))],
                                 capture_output=True, text=True, timeout=300)

@@ -235,8 +235,9 @@ def test_a_journal_of_other_parameters_is_refused(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def cluster():
     distributed = pytest.importorskip("dask.distributed")
+    # dashboard on a free port (None still takes 8787, and fails where another cluster has it)
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-                                  dashboard_address=None, silence_logs=50) as local:
+                                  dashboard_address=":0", silence_logs=50) as local:
         with distributed.Client(local) as client:
             yield local, client
 
