@@ -198,7 +198,7 @@ def test_a_kill_between_a_shards_rename_and_its_journal_record_still_resumes(tmp
     driver = (
         "import os, sys\n"
         "from tclip.work import sets\n"
-        "sets.journal_done = lambda journal, file: os._exit(137)  # killed right after the rename\n"
+        "sets.journal_done = lambda journal, tensor_set, file: os._exit(137)  # killed right after the rename\n"
         "from tclip.cli import cli\n"
         "cli(['global', '--clip', '1', '--in-place', '--threads', '1', sys.argv[1]])\n"
     )

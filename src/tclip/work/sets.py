@@ -225,7 +225,7 @@ def clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_addres
         if not journal.exists():
             raise TclipError(f"the index says an in-place run was interrupted, but its journal ({journal.name}) "
                              "is missing; restore the checkpoint from a copy", tensor_set.index)
-    resumed = read_journal(journal, mode, options, record=not options.dry_run) if journal is not None else None
+    resumed = read_journal(journal, tensor_set, mode, options, record=not options.dry_run) if journal is not None else None
     if options.dry_run:
         journal = None  # a dry run shows what a resumed run would do, and writes nothing
     files = tensor_set.files
@@ -235,7 +235,7 @@ def clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_addres
             return progress(str(file)) if progress is not None and pool.local else None
 
         done = set(resumed["done"]) if resumed is not None else set()
-        todo = [f for f in files if str(f) not in done]
+        todo = [f for f in files if f not in done]
         selections = {f: _selection_for(tensor_set, f, options.selection, layout) for f in files}
         stats = pool.map(stats_task, [((str(f), selections[f], axes, pool.task_budget),
                                          {"progress": file_progress(f), "layout": layout}) for f in todo])
@@ -270,7 +270,7 @@ def clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_addres
                            overwrite or not pool.local, pool.task_budget, options.drop_nonnumeric),
                           {"progress": file_progress(f), "layout": layout, **marker}))
             order.append(f)
-        results = _rewrite_all(pool, calls, order, journal)
+        results = _rewrite_all(pool, calls, order, journal, tensor_set)
         rewrites = {r.path: r for r in results}
         _finish_set_report(report, stats, plan, rewrites, targets)
         if plan.global_norm is not None:
@@ -286,7 +286,8 @@ def clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_addres
     return report
 
 
-def _rewrite_all(pool: TaskPool, calls: list, order: list[Path], journal: Path | None) -> list[RewriteResult]:
+def _rewrite_all(pool: TaskPool, calls: list, order: list[Path], journal: Path | None,
+                 tensor_set: TensorSet) -> list[RewriteResult]:
     if journal is None:
         return pool.map(rewrite_task, calls)
     # In place: every shard that is replaced is written down in the journal as soon as it
@@ -297,14 +298,14 @@ def _rewrite_all(pool: TaskPool, calls: list, order: list[Path], journal: Path |
     try:
         for future in as_completed(futures):
             results[futures[future]] = future.result()
-            journal_done(journal, futures[future])
+            journal_done(journal, tensor_set, futures[future])
     except BaseException:
         for future in futures:
             future.cancel()
         wait(list(futures))
         for future, file in futures.items():
             if file not in results and future.done() and not future.cancelled() and future.exception() is None:
-                journal_done(journal, file)
+                journal_done(journal, tensor_set, file)
         raise
     return [results[f] for f in order]
 
