@@ -140,7 +140,11 @@ class Runner:
     def expand(self, items: tuple[str, ...], recursive: bool) -> list[tuple[str, Path | None]]:
         from ..work.inputs import expand_files
 
-        return list(expand_files(items, recursive))
+        notes: list[tuple[str, Any]] = []
+        found = list(expand_files(items, recursive, notes))
+        for folder, note in notes:
+            self.note(folder, note)
+        return found
 
     @contextmanager
     def progress(self, total: int) -> Iterator[Callable[[str], Callable[[int], None]] | None]:
@@ -448,7 +452,15 @@ def run_diff(*, a: str, b: str, rtol: float, atol: float, mapping: tuple[str, ..
 
         raise click.BadParameter(str(error), param_hint="'--map'") from None
     name = f"{a} vs {b}"
-    result = runner.attempt(name, lambda: diff_files(diff_input(a), diff_input(b), rtol=rtol, atol=atol,
+    notes: list[tuple[str, Any]] = []
+
+    def sides() -> tuple[str, str]:
+        chosen = diff_input(a, notes), diff_input(b, notes)
+        for folder, note in notes:
+            runner.note(folder, note)
+        return chosen
+
+    result = runner.attempt(name, lambda: diff_files(*sides(), rtol=rtol, atol=atol,
                                                      mapping=renames, selection=Selection(include, exclude),
                                                      memory=memory, threads=threads or 0))
     if result is None:

@@ -196,7 +196,10 @@ def open_reader(path: Path | str) -> TensorReader:
 def output_format(target: Path, like: TensorReader) -> str | None:
     """The format ``target`` is written in: by its suffix; a target without a known suffix
     (an input recognised by its content, rewritten in place or beside itself) keeps the
-    input's format."""
+    input's format, and so does the input's own file reached through a symlink (in place,
+    a Hugging Face cache's link is rewritten at its target, a blob named by its hash)."""
+    if os.path.realpath(target) == os.path.realpath(like.path):
+        return like.format_name
     return format_for_suffix(target) or (like.format_name if format_for_suffix(like.path) is None else None)
 
 

@@ -73,7 +73,8 @@ def load_index(path: Path) -> TensorSet:
     if "metadata" in data and not isinstance(data["metadata"], dict):
         raise FormatError("not a valid index: \"metadata\" is not an object", path)
     folder = path.parent
-    files: dict[str, Path] = {}
+    # Keyed by the path, not the text: "a.safetensors" and "./a.safetensors" are one shard.
+    files: dict[Path, Path] = {}
     names: dict[Path, set[str]] = {}
     for tensor, shard in data["weight_map"].items():
         if not isinstance(shard, str) or not shard:
@@ -81,7 +82,7 @@ def load_index(path: Path) -> TensorSet:
         parts = shard.replace("\\", "/").split("/")
         if shard.startswith(("/", "\\")) or ".." in parts or ":" in parts[0] or "\0" in shard:
             raise FormatError(f"index maps tensor {tensor!r} to {shard!r}, outside the index's folder", path)
-        file = files.setdefault(shard, folder / shard)
+        file = files.setdefault(folder / shard, folder / shard)
         names.setdefault(file, set()).add(tensor)
     if not files:
         raise FormatError("index lists no tensors", path)
@@ -106,6 +107,23 @@ def check_members(tensor_set: TensorSet, headers: dict[Path, list[str]]) -> None
             where[name] = file
 
 
+def check_distinct(tensor_set: TensorSet) -> None:
+    """No file of a set is another of its files under a second name (a symlink or a hard
+    link): its tensors would be "in two files", and a rewrite would write it twice."""
+    seen: dict[tuple[int, int], Path] = {}
+    for file in tensor_set.files:
+        try:
+            st = file.stat()
+        except OSError:
+            continue  # reported when it is read
+        first = seen.get((st.st_dev, st.st_ino))
+        if first is not None:
+            what = "the index names one file twice" if tensor_set.index is not None else "the same file is given twice"
+            names = f"{first}" if str(first) == str(file) else f"{first} and {file} are one file"
+            raise TclipError(f"{what} ({names}); name each file once", tensor_set.index or file)
+        seen[(st.st_dev, st.st_ino)] = file
+
+
 def read_headers(files: list[Path]) -> dict[Path, list[str]]:
     out = {}
     for file in files:
@@ -122,6 +140,7 @@ def resolve(tensor_set: TensorSet) -> TensorSet:
     for file in tensor_set.files:
         if not file.is_file():
             raise TclipError(f"shard {file.name} is missing" if tensor_set.index else "no such file", file)
+    check_distinct(tensor_set)
     headers = read_headers(tensor_set.files)
     check_members(tensor_set, headers)
     tensor_set.names = [n for f in tensor_set.files for n in headers[f]

@@ -19,6 +19,7 @@ from ..formats.registry import claimed_by_content, content_suffixes, kept_ending
 from ..messages import Option
 from ..text import natural_key
 from .options import ClipOptions
+from .results import Note, NoteKind
 
 
 def default_output(path: Path, out_dir: Path | None = None) -> Path:
@@ -92,17 +93,39 @@ def is_tensor_file(path: Path) -> bool:
     return suffix not in content_suffixes() or claimed_by_content(path)
 
 
-def expand_files(items: tuple[str, ...], recursive: bool) -> Iterator[tuple[str, Path | None]]:
+SAFETENSORS_INDEX_SUFFIX = ".safetensors.index.json"
+
+
+def folder_indexes(folder: Path, notes: list[tuple[str, Note]] | None = None) -> list[Path]:
+    """The indexes a folder stands for. Hugging Face repositories often ship the same
+    weights twice (``model.safetensors.index.json`` and ``pytorch_model.bin.index.json``);
+    as ``from_pretrained`` does, the safetensors index is taken and the others left, with
+    a note in ``notes`` (folder, note)."""
+    indexes = sorted(Path(folder).glob("*.index.json"), key=lambda p: natural_key(p.name))
+    safe_ones = [p for p in indexes if p.name.endswith(SAFETENSORS_INDEX_SUFFIX)]
+    if not safe_ones or len(safe_ones) == len(indexes):
+        return indexes
+    left = [p.name for p in indexes if p not in safe_ones]
+    if notes is not None:
+        notes.append((str(folder), Note(NoteKind.INDEX_CHOSEN, (
+            f"holds {', '.join(p.name for p in safe_ones)} and {', '.join(left)}; using the safetensors "
+            f"index (as Hugging Face's from_pretrained does) and leaving {', '.join(left)}"))))
+    return safe_ones
+
+
+def expand_files(items: tuple[str, ...], recursive: bool,
+                 notes: list[tuple[str, Note]] | None = None) -> Iterator[tuple[str, Path | None]]:
     """(display name, path) per input; path None when the item matched nothing.
 
-    A directory holding a ``*.safetensors.index.json`` stands for that sharded set.
+    A directory holding a ``*.safetensors.index.json`` stands for that sharded set
+    (see :func:`folder_indexes` for a folder holding two indexes).
     """
     for item in items:
         path = Path(item)
         # os.path's tests answer False for a name too long (ENAMETOOLONG) where Path's raise:
         # such an item then fails alone, with one line, when it is opened.
         if os.path.isdir(path):
-            indexes = sorted(path.glob("*.index.json"))
+            indexes = folder_indexes(path, notes)
             if indexes:
                 for index in indexes:
                     yield str(index), index
@@ -124,12 +147,13 @@ def expand_files(items: tuple[str, ...], recursive: bool) -> Iterator[tuple[str,
                 yield str(p), p
 
 
-def diff_input(item: str) -> str:
-    """A side of ``diff``: a file, an index, or a directory holding exactly one index."""
+def diff_input(item: str, notes: list[tuple[str, Note]] | None = None) -> str:
+    """A side of ``diff``: a file, an index, or a directory holding exactly one index
+    (a safetensors one preferred: :func:`folder_indexes`)."""
     path = Path(item)
     if not path.is_dir():
         return item
-    indexes = sorted(path.glob("*.index.json"))
+    indexes = folder_indexes(path, notes)
     if len(indexes) == 1:
         return str(indexes[0])
     if not indexes:

@@ -46,7 +46,9 @@ def mark_index(tensor_set: TensorSet, journal: Path) -> None:
     metadata[IN_PROGRESS_KEY] = (f"tclip is replacing this checkpoint's shards in place; until this key is gone "
                                  f"some shards may be clipped and others not. See {journal.name}.")
     data["metadata"] = metadata
-    write_json(tensor_set.index, data, tensor_set.index)
+    # A symlinked index (a Hugging Face cache's snapshot) stays a link: its target is marked.
+    target = Path(os.path.realpath(tensor_set.index))
+    write_json(target, data, target)
 
 
 def shard_names(tensor_set: TensorSet) -> dict[str, Path]:

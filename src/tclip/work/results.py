@@ -43,6 +43,7 @@ class NoteKind(enum.Enum):
     FLUSHED_TO_ZERO = "scaling made non-zero values of narrow floats zero"
     LOSSY = "tensors were written through a lossy filter"
     OPTIMIZER_STATE = "a training optimizer's state was left out"
+    INDEX_CHOSEN = "a folder holds two indexes of one checkpoint; one was taken"
 
 
 class Note(Tagged):

@@ -168,7 +168,9 @@ def _targets(tensor_set: TensorSet, options: ClipOptions) -> tuple[dict[Path, Pa
         return {f: None for f in tensor_set.files}, None
     if tensor_set.index is not None:
         if options.in_place:
-            return {f: f for f in tensor_set.files}, tensor_set.index
+            # A symlink stays a symlink (a shard, or the index, in a Hugging Face cache's
+            # snapshot folder): its target is what gets replaced.
+            return {f: Path(os.path.realpath(f)) for f in tensor_set.files}, Path(os.path.realpath(tensor_set.index))
         if options.out_dir is None:
             raise TclipError(("a sharded checkpoint needs ", Option.OUT_DIR, " DIR (shards and index keep their "
                               "names) or ", Option.IN_PLACE), tensor_set.index)
@@ -179,7 +181,7 @@ def _targets(tensor_set: TensorSet, options: ClipOptions) -> tuple[dict[Path, Pa
         return ({f: folder / f.relative_to(tensor_set.index.parent) for f in tensor_set.files},
                 folder / tensor_set.index.name)
     if options.in_place:
-        return {f: f for f in tensor_set.files}, None
+        return {f: Path(os.path.realpath(f)) for f in tensor_set.files}, None
     return {f: default_output(f, options.out_dir) for f in tensor_set.files}, None
 
 
@@ -230,6 +232,8 @@ def clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_addres
         journal = None  # a dry run shows what a resumed run would do, and writes nothing
     files = tensor_set.files
     pool = TaskPool(options.budget, len(files), dask_address)
+    fresh: list[Path] = []
+    created: list[Path] = []
     try:
         def file_progress(file: Path) -> Callable[[int], None] | None:
             return progress(str(file)) if progress is not None and pool.local else None
@@ -262,6 +266,10 @@ def clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_addres
             for f in files:  # a marker left by a run given up on (restored, journal removed) means nothing now
                 commit_marker(f).unlink(missing_ok=True)
             mark_index(tensor_set, journal)
+        if not options.dry_run and not options.in_place:
+            created = _make_folders([targets[f] for f in todo], index_target)
+            fresh = [t for t in [*(targets[f] for f in todo), index_target]
+                     if t is not None and not os.path.lexists(t)]
         calls, order = [], []
         for f, s in zip(todo, stats):
             target = targets[f]
@@ -280,10 +288,49 @@ def clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_addres
             report.output = str(index_target)
             if journal is not None:
                 journal.unlink(missing_ok=True)
+    except BaseException:
+        pool.close()  # every task has stopped: what it wrote can go
+        _remove_written(fresh, created)
+        raise
     finally:
         pool.close()
     report.elapsed_s = time.perf_counter() - started
     return report
+
+
+def _make_folders(targets: list[Path | None], index_target: Path | None) -> list[Path]:
+    """The folders the outputs go into (shards in a subfolder of the index's folder keep
+    it), created; those this run made, innermost first."""
+    created: list[Path] = []
+    for target in dict.fromkeys(t.parent for t in [*targets, index_target] if t is not None):
+        missing = []
+        folder = target
+        while not os.path.lexists(folder) and folder != folder.parent:
+            missing.append(folder)
+            folder = folder.parent
+        try:
+            target.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            _remove_written([], created)
+            raise TclipError(f"cannot create the output folder ({error.strerror or error})", target) from None
+        created += missing
+    return created
+
+
+def _remove_written(fresh: list[Path], created: list[Path]) -> None:
+    """After a failed run (not in place), the outputs it wrote where nothing was before and
+    the folders it made: the output folder is as it was. A kill leaves them (README)."""
+    for path in fresh:
+        try:
+            if os.path.isfile(path) and not os.path.islink(path):
+                os.unlink(path)
+        except OSError:
+            pass
+    for folder in created:
+        try:
+            folder.rmdir()
+        except OSError:
+            pass
 
 
 def _rewrite_all(pool: TaskPool, calls: list, order: list[Path], journal: Path | None,
