@@ -97,11 +97,16 @@ def file_arguments(f: Callable) -> Callable:
     return click.argument("files", nargs=-1, required=True, metavar="FILE...", type=FILES)(f)
 
 
+# tclip.work.budget.MAX_THREADS, written out: parsing options imports nothing heavy.
+MAX_THREADS = 1024
+
+
 def budget_options(f: Callable) -> Callable:
     f = click.option("--memory", type=SizeType(), default="256M", show_default=True,
                      help="Working-set budget: block buffers and per-slice statistics (e.g. 64M, 2G).")(f)
-    return click.option("--threads", type=click.IntRange(min=1), default=None,
-                        help="Threads for statistics and scaling [default: the machine's cores].")(f)
+    return click.option("--threads", type=click.IntRange(min=1, max=MAX_THREADS), default=None,
+                        help=f"Threads for statistics and scaling, 1 to {MAX_THREADS} "
+                             "[default: the machine's cores].")(f)
 
 
 def selection_options(f: Callable, verb: str = "Clip") -> Callable:

@@ -35,6 +35,9 @@ MIN_MEMORY = 16 * MiB
 MAX_BLOCK_BYTES = 8 * MiB
 # An eighth of --memory is set aside for per-slice statistics, scale arrays and bookkeeping.
 RESERVE_FRACTION = 8
+# More threads than this only add stacks and contention: no machine tclip runs on has more
+# cores to use, and the command line refuses more (the library clamps to it).
+MAX_THREADS = 1024
 
 
 def default_threads() -> int:
@@ -60,10 +63,17 @@ class Budget:
 
     @property
     def workers(self) -> int:
-        return self.threads if self.threads > 0 else default_threads()
+        return min(MAX_THREADS, self.threads if self.threads > 0 else default_threads())
+
+    def parallel_passes(self, files: int) -> int:
+        """How many files' passes may run at once within this one budget: no more than
+        the threads, and each with at least :data:`MIN_MEMORY` of the run's memory."""
+        return max(1, min(files, self.workers, self.memory // MIN_MEMORY))
 
     def share(self, parts: int) -> "Budget":
-        """The budget of one of ``parts`` passes running at once (files in parallel)."""
+        """The budget of one of ``parts`` passes running at once (files in parallel):
+        the parts together take no more memory and threads than this budget
+        (``parts`` from :meth:`parallel_passes`)."""
         parts = max(1, parts)
         return Budget(max(MIN_MEMORY, self.memory // parts), max(1, self.workers // parts), self.block_bytes)
 
@@ -78,10 +88,11 @@ class Budget:
         scratch = UNIT_ELEMENTS * Scratch.BYTES_PER_ELEMENT
         unit_bytes = UNIT_ELEMENTS * max(1, itemsize)
         available = self.memory - self.memory // RESERVE_FRACTION
+        smallest = min(unit_bytes, MiB)
+        # As many threads as fit: each takes its scratch and one block, plus two blocks
+        # in flight (solved at once, not one thread at a time: --threads can be huge).
+        threads = max(1, min(threads, (available - 2 * smallest) // (scratch + smallest)))
         inflight = threads + 2 if threads > 1 else 1
-        while inflight > 1 and available - threads * scratch < inflight * min(unit_bytes, MiB):
-            threads = max(1, threads - 1)
-            inflight = threads + 2 if threads > 1 else 1
         block = (available - threads * scratch) // inflight
         block = max(min(unit_bytes, MiB), min(MAX_BLOCK_BYTES, block))
         if self.block_bytes is not None:

@@ -102,7 +102,8 @@ class TaskPool:
         self.client: Any = None
         self.local = dask_address is None
         if dask_address is None:
-            self.parallel = max(1, min(files, budget.workers))
+            # One budget for the whole run: the files' passes share its memory and threads.
+            self.parallel = budget.parallel_passes(files)
             self.task_budget = budget.share(self.parallel)
             self.executor: Executor = ThreadPoolExecutor(self.parallel, thread_name_prefix="tclip-file")
         else:
