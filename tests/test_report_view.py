@@ -262,7 +262,8 @@ def test_out_dir_is_created_and_dry_run_names_the_output(tmp_path):
     assert made.exit_code == 0 and (tmp_path / "new" / "dir" / "g.safetensors").exists()
     again = json.loads(run("norm", "--clip", "1", "--dry-run", "--json", "--out-dir", tmp_path / "new" / "dir",
                            source).stdout)
-    assert again["would_write"] == {"output": str(tmp_path / "new" / "dir" / "g.safetensors"), "exists": True}
+    assert again["would_write"] == {"output": str(tmp_path / "new" / "dir" / "g.safetensors"), "exists": True,
+                                   "in_place": False}
 
 
 def test_unwritable_folder_is_named(tmp_path, monkeypatch):

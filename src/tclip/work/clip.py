@@ -88,6 +88,7 @@ def clip_file(path: Path | str, mode: Mode, options: ClipOptions | None = None,
         report.dry_run = options.dry_run
         if options.dry_run:
             report.would_write, report.output_exists = str(would_write), exists
+            report.in_place, report.overwrite = options.in_place, options.overwrite
         report.warnings += warnings + quantized_notes([stats])
         check_nonfinite(report, options, path)
         plan = make_plan(mode, [stats])

@@ -197,9 +197,20 @@ class FileReport:
     warnings: list[Note] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
     others: list[OtherReport] = field(default_factory=list)
-    would_write: str | None = None  # dry run: the output a real run would write
+    would_write: str | None = None  # dry run: the output a real run would write (a set: its index)
     members: list[dict[str, Any]] | None = None  # a tensor set: its files and their outputs
     output_exists: bool | None = None
+    # dry run: how a real run would write (in place needs no --force; else --force
+    # replaces outputs that exist) and, for a set, each file's output
+    in_place: bool = False
+    overwrite: bool = False
+    would_write_files: list[dict[str, Any]] | None = None
+
+    @property
+    def outputs_existing(self) -> int:
+        """Dry run: how many of the outputs a real run would write exist already."""
+        files = sum(bool(f["exists"]) for f in self.would_write_files or [])
+        return files + bool(self.would_write is not None and self.output_exists)
 
     @property
     def clipped_count(self) -> int:
@@ -249,8 +260,11 @@ class FileReport:
             data["files"] = self.members
         if self.metadata:
             data["metadata"] = self.metadata
-        if self.dry_run and self.would_write is not None:
-            data["would_write"] = {"output": self.would_write, "exists": self.output_exists}
+        if self.dry_run and (self.would_write is not None or self.would_write_files is not None):
+            data["would_write"] = {"output": self.would_write, "exists": self.output_exists,
+                                   "in_place": self.in_place}
+            if self.would_write_files is not None:
+                data["would_write"]["files"] = self.would_write_files
         return json_safe(data)
 
 

@@ -210,7 +210,9 @@ def clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_addres
     tensor_set = resolve(tensor_set)
     layout = set_layout(tensor_set)
     axes = mode.axes if isinstance(mode, NormClip) else None
-    targets, index_target = _targets(tensor_set, options)
+    # what a real run writes (a dry run names it, and writes nothing)
+    planned, planned_index = _targets(tensor_set, replace(options, dry_run=False))
+    targets, index_target = ({f: None for f in planned}, None) if options.dry_run else (planned, planned_index)
     if not options.in_place and not options.dry_run:
         check_outputs(*planned_outputs(tensor_set, options))
     overwrite = options.overwrite or options.in_place
@@ -246,6 +248,8 @@ def clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_addres
                                          {"progress": file_progress(f), "layout": layout}) for f in todo])
         report = _set_report(tensor_set, stats, mode, layout)
         report.dry_run = options.dry_run
+        if options.dry_run:
+            _would_write(report, options, [(f, planned[f]) for f in todo], planned_index)
         if stats:
             entries = [t for s in stats for t in _listed(tensor_set, s.path, s.tensors, layout)]
             report.warnings += check_selection(entries, logical_names(tensor_set.names, layout), mode, options,
@@ -297,6 +301,17 @@ def clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_addres
         pool.close()
     report.elapsed_s = time.perf_counter() - started
     return report
+
+
+def _would_write(report: FileReport, options: ClipOptions, outputs: list[tuple[Path, Path | None]],
+                 index_target: Path | None) -> None:
+    """A dry run's account of what the real run would write: each file's output (the
+    shards a resumed run has still to do) and the index, each saying whether it exists."""
+    report.in_place, report.overwrite = options.in_place, options.overwrite
+    report.would_write_files = [{"file": str(f), "output": str(t), "exists": os.path.lexists(t)}
+                                for f, t in outputs if t is not None]
+    if index_target is not None:
+        report.would_write, report.output_exists = str(index_target), os.path.lexists(index_target)
 
 
 def _make_folders(targets: list[Path | None], index_target: Path | None) -> list[Path]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from pathlib import Path
 
 from rich.console import Console
 from rich.text import Text
@@ -282,13 +283,41 @@ def file_title(report: FileReport, symbols: Symbols = UNICODE) -> Text:
     if report.output:
         title.append(f" {symbols.arrow} {safe(report.output)}")
     elif report.dry_run:
-        would = report.would_write
-        if would:
-            exists = " (exists: --force replaces it)" if report.output_exists else ""
-            title.append(f"  (dry run: would write {safe(would)}{exists}; nothing written)", style="italic")
-        else:
-            title.append("  (dry run: nothing written)", style="italic")
+        title.append(f"  (dry run: {dry_run_outputs(report)}; nothing written)", style="italic")
     return title
+
+
+def dry_run_outputs(report: FileReport) -> str:
+    """What the real run would write, and which of it exists: in place replaces the input
+    (no --force needed); else an output that exists needs --force (given or not)."""
+    files = report.would_write_files
+    count = len(files) if files is not None else 0
+    if report.in_place:
+        if files is None:
+            return f"would replace {safe(report.would_write)} in place" if report.would_write else "would write nothing"
+        what = f"{count} file(s)" + (" and the index" if report.would_write else "")
+        return f"would replace {what} in place"
+    if files is None:
+        if not report.would_write:
+            return "would write nothing"
+        exists = ""
+        if report.output_exists:
+            exists = " (exists: --force replaces it)" if report.overwrite else " (exists: a real run needs --force)"
+        return f"would write {safe(report.would_write)}{exists}"
+    if report.would_write:
+        text = f"would write {safe(report.would_write)} and its {count} shard(s)"
+    elif count == 1:
+        text = f"would write {safe(files[0]['output'])}"
+    else:
+        folders = {str(Path(f["output"]).parent) for f in files}
+        text = f"would write {count} files" + (f" into {safe(folders.pop())}" if len(folders) == 1 else "")
+    existing = report.outputs_existing
+    if existing:
+        total = count + bool(report.would_write)
+        need = "--force replaces them" if report.overwrite else "a real run needs --force"
+        text += f" ({existing} of {total} exist: {need})" if total > 1 else \
+            (" (exists: --force replaces it)" if report.overwrite else " (exists: a real run needs --force)")
+    return text
 
 
 def render_file(report: FileReport, console: Console, *, width: int | None = -1, sort: str = "order",
