@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import FormatError, TclipError
+from ..text import natural_key
 from .atomic import write_json
 from .base import TensorReader
 from .registry import open_reader
@@ -58,7 +59,7 @@ def no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def load_index(path: Path) -> TensorSet:
-    """Read and check an index: its shards, in the order they first appear, and each one's tensors."""
+    """Read and check an index: its shards, in natural order, and each one's tensors."""
     path = Path(path)
     try:
         if path.stat().st_size > MAX_INDEX_BYTES:
@@ -86,7 +87,10 @@ def load_index(path: Path) -> TensorSet:
         names.setdefault(file, set()).add(tensor)
     if not files:
         raise FormatError("index lists no tensors", path)
-    return TensorSet(str(path), list(files.values()), path, data, {f: frozenset(n) for f, n in names.items()})
+    # Shards in natural order (00001, 00002, ...), not in the order of the weight map's
+    # names, which scrambles them: reports, JSON and passes list them as people number them.
+    shards = sorted(files.values(), key=lambda f: natural_key(f.relative_to(folder).as_posix()))
+    return TensorSet(str(path), shards, path, data, {f: frozenset(n) for f, n in names.items()})
 
 
 def check_members(tensor_set: TensorSet, headers: dict[Path, list[str]]) -> None:

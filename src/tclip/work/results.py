@@ -44,6 +44,7 @@ class NoteKind(enum.Enum):
     LOSSY = "tensors were written through a lossy filter"
     OPTIMIZER_STATE = "a training optimizer's state was left out"
     INDEX_CHOSEN = "a folder holds two indexes of one checkpoint; one was taken"
+    NO_OUTPUT = "a dry run found no output a real run could write"
 
 
 class Note(Tagged):
@@ -309,6 +310,7 @@ class InfoTensor:
     dtype_label: str | None = None
     encoding: Any = None
     role: str | None = None
+    file: str | None = None  # a set's tensor: the shard holding it (as its index names it)
 
     @property
     def dtype_text(self) -> str:
@@ -326,6 +328,7 @@ class InfoReport:
     metadata: dict[str, Any]
     others: list[OtherReport] = field(default_factory=list)
     shared: list[list[str]] = field(default_factory=list)  # tensors stored in one buffer (tied weights)
+    files: list[str] | None = None  # a set: its shards, in natural order (as its index names them)
 
     def dtype_texts(self) -> list[str]:
         """Each tensor's dtype as shown (one name per distinct dtype: a header can list a million tensors)."""
@@ -361,6 +364,8 @@ class InfoReport:
                     item["quantization"]["problem"] = t.encoding.problem
             if t.role is not None:
                 item["role"] = t.role
+            if t.file is not None:
+                item["file"] = t.file
             tensors.append(item)
         data: dict[str, Any] = {
             "schema": SCHEMA_VERSION,
@@ -376,4 +381,6 @@ class InfoReport:
             data["not_tensors"] = json_safe([asdict(o) for o in self.others])
         if self.shared:
             data["shared_storage"] = [list(names) for names in self.shared]
+        if self.files is not None:
+            data["files"] = list(self.files)
         return data

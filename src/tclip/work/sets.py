@@ -211,7 +211,14 @@ def clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_addres
     layout = set_layout(tensor_set)
     axes = mode.axes if isinstance(mode, NormClip) else None
     # what a real run writes (a dry run names it, and writes nothing)
-    planned, planned_index = _targets(tensor_set, replace(options, dry_run=False))
+    unplanned: TclipError | None = None
+    try:
+        planned, planned_index = _targets(tensor_set, replace(options, dry_run=False))
+    except TclipError as error:
+        if not options.dry_run:
+            raise
+        # a dry run still measures (the global norm), and says the real run needs an output
+        unplanned, planned, planned_index = error, {f: None for f in tensor_set.files}, None
     targets, index_target = ({f: None for f in planned}, None) if options.dry_run else (planned, planned_index)
     if not options.in_place and not options.dry_run:
         check_outputs(*planned_outputs(tensor_set, options))
@@ -248,8 +255,12 @@ def clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_addres
                                          {"progress": file_progress(f), "layout": layout}) for f in todo])
         report = _set_report(tensor_set, stats, mode, layout)
         report.dry_run = options.dry_run
-        if options.dry_run:
+        if options.dry_run and unplanned is None:
             _would_write(report, options, [(f, planned[f]) for f in todo], planned_index)
+        elif unplanned is not None:
+            report.warnings.append(Note(NoteKind.NO_OUTPUT, ("a real run would fail: ", *unplanned.message)
+                                        if isinstance(unplanned.message, tuple) else
+                                        f"a real run would fail: {unplanned.message}"))
         if stats:
             entries = [t for s in stats for t in _listed(tensor_set, s.path, s.tensors, layout)]
             report.warnings += check_selection(entries, logical_names(tensor_set.names, layout), mode, options,
@@ -465,14 +476,16 @@ def index_info(path: Path) -> InfoReport:
     tensors, others = [], []
     size = path.stat().st_size
     fmt = ""
+    names = {file: file.relative_to(tensor_set.index.parent).as_posix() for file in tensor_set.files}
     for file in tensor_set.files:
         info = file_info(file, layout if layout else None)
         fmt = info.format
         size += info.size_bytes
         allowed = (tensor_set.allow[file] | frozenset(layout.owned_by(str(file)))) \
             if tensor_set.allow is not None else None
-        tensors += [t for t in info.tensors if allowed is None or t.name in allowed]
+        tensors += [replace(t, file=names[file]) for t in info.tensors if allowed is None or t.name in allowed]
         others += info.others
     metadata = tensor_set.metadata
     metadata["shards"] = len(tensor_set.files)
-    return InfoReport(str(path), f"{fmt} index", size, tensors, metadata, others)
+    return InfoReport(str(path), f"{fmt} index", size, tensors, metadata, others,
+                      files=[names[f] for f in tensor_set.files])

@@ -37,17 +37,28 @@ def _plain_info_table(tensors: list[Any], width: int | None, symbols: Symbols) -
     sizes = [human_bytes(t.nbytes) for t in tensors]
     widths = [max(len(h), max(map(len, col), default=0)) for h, col in
               (("shape", shapes), ("dtype", dtypes), ("params", params), ("bytes", sizes))]
+    shards = [safe(t.file) for t in tensors] if any(t.file is not None for t in tensors) else None
     room = None if width is None else max(MIN_NAME_WIDTH, width - sum(widths) - GAP * 4)
     shown = shorten_names([t.name for t in tensors], room, symbols.ellipsis)
     name_width = max([6] + [len(v) for v in shown.values()])
     sep = " " * GAP
     lines = [f"{'tensor'.ljust(name_width)}{sep}{'shape'.ljust(widths[0])}{sep}{'dtype'.ljust(widths[1])}{sep}"
-             f"{'params'.rjust(widths[2])}{sep}{'bytes'.rjust(widths[3])}"]
+             f"{'params'.rjust(widths[2])}{sep}{'bytes'.rjust(widths[3])}" + (f"{sep}shard" if shards else "")]
     lines.append(symbols.rule * len(lines[0]))
-    for t, shape, dtype, count, size in zip(tensors, shapes, dtypes, params, sizes):
+    for i, (t, shape, dtype, count, size) in enumerate(zip(tensors, shapes, dtypes, params, sizes)):
         lines.append(f"{safe(shown[t.name]).ljust(name_width)}{sep}{shape.ljust(widths[0])}{sep}"
-                     f"{dtype.ljust(widths[1])}{sep}{count.rjust(widths[2])}{sep}{size.rjust(widths[3])}")
+                     f"{dtype.ljust(widths[1])}{sep}{count.rjust(widths[2])}{sep}{size.rjust(widths[3])}"
+                     + (f"{sep}{shards[i]}" if shards else ""))
     return lines
+
+
+def shard_column(info: InfoReport, tensors: list[Any]) -> Column:
+    """Which shard of a set holds each tensor: its file name, or where that does not fit,
+    its number among the shards (``3/14``, the files' natural order)."""
+    number = {name: i for i, name in enumerate(info.files or [], 1)}
+    total = len(info.files or [])
+    return Column("shard", "shard", [Text(safe(t.file or "")) for t in tensors],
+                  short_cells=[Text(f"{number.get(t.file, '?')}/{total}") for t in tensors], drop=4)
 
 
 def render_info(info: InfoReport, console: Console, *, width: int | None = -1, sort: str = "order") -> None:
@@ -68,6 +79,8 @@ def render_info(info: InfoReport, console: Console, *, width: int | None = -1, s
         Column("params", "params", [Text(f"{math.prod(t.shape):,}") for t in tensors], "right", drop=1),
         Column("bytes", "bytes", [Text(human_bytes(t.nbytes)) for t in tensors], "right", drop=0),
     ]
+    if info.files is not None:
+        columns.append(shard_column(info, tensors))
     lines = [] if not tensors else [title] + lay_out([t.name for t in tensors], columns, fit, symbols)
     counts = info.params_by_dtype()
     total = sum(counts.values())
