@@ -255,6 +255,26 @@ def test_the_cli_on_a_dask_cluster_gives_the_same_bytes(tmp_path, cluster):
         assert (tmp_path / "out" / shard.name).read_bytes() == shard.read_bytes()
 
 
+def test_relative_paths_reach_workers_started_in_another_folder(tmp_path, cluster):
+    """The client resolves paths before they leave it: a worker reads them against its own folder."""
+    local, client = cluster
+    assert set(client.run(os.getcwd).values()) != {str(tmp_path)}
+    sharded(tmp_path / "ckpt")
+    for command in (["global", "--clip", "1", "--out-dir", "out"], ["norm", "--clip", "1", "--out-dir", "pern"],
+                    ["global", "--clip", "1", "--in-place"]):
+        result = subprocess.run([sys.executable, "-m", "tclip", *command, "--dask", local.scheduler_address,
+                                 "ckpt/model.safetensors.index.json"], cwd=tmp_path, capture_output=True, text=True,
+                                timeout=300)
+        assert result.returncode == 0, (command, result.stderr)
+    reference = sharded(tmp_path / "ref")
+    run("global", "--clip", "1", "--threads", "1", "--out-dir", tmp_path / "refout", reference)
+    for shard in (tmp_path / "refout").glob("*.safetensors"):
+        assert (tmp_path / "out" / shard.name).read_bytes() == shard.read_bytes()
+    assert sorted(p.name for p in (tmp_path / "pern").iterdir()) == sorted(p.name for p in (tmp_path / "out").iterdir())
+    for shard in (tmp_path / "refout").glob("*.safetensors"):
+        assert (tmp_path / "ckpt" / shard.name).read_bytes() == shard.read_bytes()  # the in-place run
+
+
 def test_a_worker_killed_mid_run_leaves_every_shard_old_or_new(tmp_path, cluster):
     local, client = cluster
     big = {f"layers.{i}.w": (RNG.standard_normal((1024, 1024)) * (i + 1)).astype(np.float32) for i in range(8)}

@@ -155,6 +155,17 @@ def group_sets(inputs: list[tuple[str, Path | None]], across: bool) -> list[tupl
     return out
 
 
+def absolute(tensor_set: TensorSet) -> TensorSet:
+    """The set with every path absolute, for tasks that run elsewhere: a Dask worker
+    started in another folder would read a relative path against its own."""
+    def whole(path: Path) -> Path:
+        return Path(os.path.abspath(path))
+
+    allow = None if tensor_set.allow is None else {whole(f): names for f, names in tensor_set.allow.items()}
+    return replace(tensor_set, files=[whole(f) for f in tensor_set.files], allow=allow,
+                   index=None if tensor_set.index is None else whole(tensor_set.index))
+
+
 def _selection_for(tensor_set: TensorSet, file: Path, selection: Selection,
                    layout: QuantLayout | None = None) -> Selection:
     if tensor_set.allow is None:
@@ -208,6 +219,10 @@ def clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_addres
     if isinstance(mode, ValueClip):
         value_bounds(np.dtype(np.float64), mode.clip_value_min, mode.clip_value_max)
     tensor_set = resolve(tensor_set)
+    if dask_address is not None:
+        tensor_set = absolute(tensor_set)
+        if options.out_dir is not None:
+            options = replace(options, out_dir=Path(os.path.abspath(options.out_dir)))
     layout = set_layout(tensor_set)
     axes = mode.axes if isinstance(mode, NormClip) else None
     # what a real run writes (a dry run names it, and writes nothing)
@@ -437,6 +452,8 @@ def report_set(tensor_set: TensorSet, selection: Selection, order: str, axes: An
     """The read-only report of a set: every tensor of every file, one global norm."""
     started = time.perf_counter()
     tensor_set = resolve(tensor_set)
+    if dask_address is not None:
+        tensor_set = absolute(tensor_set)
     layout = set_layout(tensor_set)
     pool = TaskPool(budget, len(tensor_set.files), dask_address)
     try:
