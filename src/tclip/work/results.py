@@ -206,11 +206,16 @@ class FileReport:
     in_place: bool = False
     overwrite: bool = False
     would_write_files: list[dict[str, Any]] | None = None
+    # a set written to an output folder: the checkpoint folder's other files copied
+    # (config.json, tokenizer files...), and those left out, with why
+    copied: list[str] | None = None
+    not_copied: list[dict[str, str]] | None = None
+    would_copy: list[dict[str, Any]] | None = None
 
     @property
     def outputs_existing(self) -> int:
         """Dry run: how many of the outputs a real run would write exist already."""
-        files = sum(bool(f["exists"]) for f in self.would_write_files or [])
+        files = sum(bool(f["exists"]) for f in [*(self.would_write_files or []), *(self.would_copy or [])])
         return files + bool(self.would_write is not None and self.output_exists)
 
     @property
@@ -266,6 +271,12 @@ class FileReport:
                                    "in_place": self.in_place}
             if self.would_write_files is not None:
                 data["would_write"]["files"] = self.would_write_files
+            if self.would_copy:
+                data["would_write"]["copies"] = self.would_copy
+        if self.copied is not None:
+            data["copied"] = self.copied
+        if self.not_copied:
+            data["not_copied"] = self.not_copied
         return json_safe(data)
 
 

@@ -40,6 +40,7 @@ from ..formats.sharded import (
 )
 from ..messages import Option
 from .budget import Budget
+from .companions import Companions, companions, copy_companions
 from .clip import file_info
 from .inputs import check_outputs, default_output
 from .journal import (
@@ -197,9 +198,17 @@ def _targets(tensor_set: TensorSet, options: ClipOptions) -> tuple[dict[Path, Pa
     return {f: default_output(f, options.out_dir) for f in tensor_set.files}, None
 
 
+def _companions(tensor_set: TensorSet, options: ClipOptions) -> Companions:
+    """The checkpoint folder's other files that go with an index written to ``--out-dir``."""
+    if tensor_set.index is None or options.in_place or options.out_dir is None:
+        return Companions()
+    return companions(tensor_set, Path(options.out_dir))
+
+
 def planned_outputs(tensor_set: TensorSet, options: ClipOptions) -> tuple[dict[Path, Path], list[Path]]:
-    """What a run that is not ``--in-place`` would write: each input (shards and index)
-    with its output, and every input of the set, for :func:`tclip.work.inputs.check_outputs`."""
+    """What a run that is not ``--in-place`` would write: each input (shards, index and
+    the folder's other files it copies) with its output, and every input of the set, for
+    :func:`tclip.work.inputs.check_outputs`."""
     if tensor_set.index is not None and not tensor_set.files:
         tensor_set = load_index(tensor_set.index)
     targets, index_target = _targets(tensor_set, replace(options, dry_run=False))
@@ -209,6 +218,9 @@ def planned_outputs(tensor_set: TensorSet, options: ClipOptions) -> tuple[dict[P
         inputs.append(tensor_set.index)
         if index_target is not None:
             outputs[tensor_set.index] = index_target
+        for source, target in _companions(tensor_set, options).copies:
+            outputs[source] = target
+            inputs.append(source)
     return outputs, inputs
 
 
@@ -235,11 +247,12 @@ def clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_addres
         # a dry run still measures (the global norm), and says the real run needs an output
         unplanned, planned, planned_index = error, {f: None for f in tensor_set.files}, None
     targets, index_target = ({f: None for f in planned}, None) if options.dry_run else (planned, planned_index)
+    others = _companions(tensor_set, options) if unplanned is None else Companions()
     if not options.in_place and not options.dry_run:
         check_outputs(*planned_outputs(tensor_set, options))
     overwrite = options.overwrite or options.in_place
-    if not overwrite:
-        for out in [*targets.values(), index_target]:
+    if not overwrite and not options.dry_run:
+        for out in [*targets.values(), index_target, *(t for _, t in others.copies)]:
             if out is not None and os.path.lexists(out):
                 raise OutputExistsError(("output already exists; pass ", Option.FORCE, " to replace it"), out)
     journal = journal_path(tensor_set) if options.in_place and tensor_set.index is not None else None
@@ -271,11 +284,12 @@ def clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_addres
         report = _set_report(tensor_set, stats, mode, layout)
         report.dry_run = options.dry_run
         if options.dry_run and unplanned is None:
-            _would_write(report, options, [(f, planned[f]) for f in todo], planned_index)
+            _would_write(report, options, [(f, planned[f]) for f in todo], planned_index, others.copies)
         elif unplanned is not None:
             report.warnings.append(Note(NoteKind.NO_OUTPUT, ("a real run would fail: ", *unplanned.message)
                                         if isinstance(unplanned.message, tuple) else
                                         f"a real run would fail: {unplanned.message}"))
+        report.not_copied = [{"name": name, "reason": why} for name, why in others.left]
         if stats:
             entries = [t for s in stats for t in _listed(tensor_set, s.path, s.tensors, layout)]
             report.warnings += check_selection(entries, logical_names(tensor_set.names, layout), mode, options,
@@ -299,7 +313,7 @@ def clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_addres
             mark_index(tensor_set, journal)
         if not options.dry_run and not options.in_place:
             created = _make_folders([targets[f] for f in todo], index_target)
-            fresh = [t for t in [*(targets[f] for f in todo), index_target]
+            fresh = [t for t in [*(targets[f] for f in todo), index_target, *(t for _, t in others.copies)]
                      if t is not None and not os.path.lexists(t)]
         calls, order = [], []
         for f, s in zip(todo, stats):
@@ -314,6 +328,9 @@ def clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_addres
         _finish_set_report(report, stats, plan, rewrites, targets)
         if plan.global_norm is not None:
             report.global_norm = plan.global_norm
+        if index_target is not None and not options.in_place:
+            copy_companions(others.copies, overwrite)
+            report.copied = [source.name for source, _ in others.copies]
         if index_target is not None:
             write_index(tensor_set, index_target, [targets[f] for f in files], overwrite=overwrite)
             report.output = str(index_target)
@@ -330,12 +347,14 @@ def clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_addres
 
 
 def _would_write(report: FileReport, options: ClipOptions, outputs: list[tuple[Path, Path | None]],
-                 index_target: Path | None) -> None:
+                 index_target: Path | None, copies: list[tuple[Path, Path]]) -> None:
     """A dry run's account of what the real run would write: each file's output (the
-    shards a resumed run has still to do) and the index, each saying whether it exists."""
+    shards a resumed run has still to do), the folder's other files it would copy and
+    the index, each saying whether it exists."""
     report.in_place, report.overwrite = options.in_place, options.overwrite
     report.would_write_files = [{"file": str(f), "output": str(t), "exists": os.path.lexists(t)}
                                 for f, t in outputs if t is not None]
+    report.would_copy = [{"file": str(f), "output": str(t), "exists": os.path.lexists(t)} for f, t in copies]
     if index_target is not None:
         report.would_write, report.output_exists = str(index_target), os.path.lexists(index_target)
 

@@ -304,8 +304,11 @@ def dry_run_outputs(report: FileReport) -> str:
         if report.output_exists:
             exists = " (exists: --force replaces it)" if report.overwrite else " (exists: a real run needs --force)"
         return f"would write {safe(report.would_write)}{exists}"
+    copies = len(report.would_copy or [])
     if report.would_write:
         text = f"would write {safe(report.would_write)} and its {count} shard(s)"
+        if copies:
+            text += f", and copy {copies} other file(s) of its folder"
     elif count == 1:
         text = f"would write {safe(files[0]['output'])}"
     else:
@@ -313,7 +316,7 @@ def dry_run_outputs(report: FileReport) -> str:
         text = f"would write {count} files" + (f" into {safe(folders.pop())}" if len(folders) == 1 else "")
     existing = report.outputs_existing
     if existing:
-        total = count + bool(report.would_write)
+        total = count + bool(report.would_write) + copies
         need = "--force replaces them" if report.overwrite else "a real run needs --force"
         text += f" ({existing} of {total} exist: {need})" if total > 1 else \
             (" (exists: --force replaces it)" if report.overwrite else " (exists: a real run needs --force)")
@@ -337,9 +340,26 @@ def render_file(report: FileReport, console: Console, *, width: int | None = -1,
         lines.append(gave_way_line(gave_way, fit))
     lines += skipped_lines(report, symbols)
     lines += slice_lines(report, shown if top is not None else None)
+    lines += copy_lines(report)
     lines += file_summary(report, symbols)
     print_lines(console, lines)
     console.print()
+
+
+def copy_lines(report: FileReport) -> list[Text]:
+    """A set written to an output folder: the folder's other files copied with it, and
+    those left out (a few names each; JSON lists them all)."""
+    lines = []
+    if report.copied:
+        lines.append(Text(f"copied {len(report.copied)} other file(s) of the checkpoint's folder: "
+                          f"{name_list([safe(n) for n in report.copied], 4)}", style="dim"))
+    if report.not_copied and (report.copied is not None or report.would_copy is not None):
+        reasons: dict[str, list[str]] = {}
+        for item in report.not_copied:
+            reasons.setdefault(item["reason"], []).append(safe(item["name"]))
+        lines.append(Text("not copied: " + "; ".join(f"{name_list(names, 3)} ({why})" for why, names in reasons.items()),
+                          style="dim"))
+    return lines
 
 
 def gave_way_line(headers: Sequence[str], width: int) -> Text:
