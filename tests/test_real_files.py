@@ -258,6 +258,31 @@ def test_a_signal_leaves_the_old_or_the_new_file(tmp_path, suffix, signum, delay
         assert not list(tmp_path.glob("*.tclip-tmp"))
 
 
+def test_a_signal_right_after_the_temporary_file_is_created_still_removes_it(tmp_path, monkeypatch):
+    """The window the signal test above hit under load (a TERM as soon as the temporary
+    file appeared left it behind): the handler removes every temporary file that exists."""
+    from tclip import interrupt
+    from tclip.cli import entry
+    from tclip.formats import atomic
+
+    real_open = os.open
+
+    def open_then_signal(path, flags, *args):
+        fd = real_open(path, flags, *args)
+        if str(path).endswith(atomic.TEMP_SUFFIX):
+            os.close(fd)
+            raise interrupt.Terminated(signal.SIGTERM)  # the handler runs at the next bytecode
+        return fd
+
+    monkeypatch.setattr(atomic.os, "open", open_then_signal)
+    with pytest.raises(interrupt.Terminated):
+        AtomicOutput(tmp_path / "out.h5")
+    monkeypatch.undo()
+    assert len(list(tmp_path.glob("*.tclip-tmp"))) == 1
+    assert entry._remove_live_temps() == 1  # what the command line does on a signal
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_keras3_weights_file_keeps_the_suffix_keras_loads_by(tmp_path):
     source = tmp_path / "model.weights.h5"  # Keras 3's save_weights layout
     with h5py.File(source, "w") as f:

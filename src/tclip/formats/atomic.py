@@ -157,13 +157,18 @@ class AtomicOutput:
         self.temp = self.target.parent / f".{self.target.name}.{_HOST}.{os.getpid()}.{token}{TEMP_SUFFIX}"
         self.overwrite = overwrite
         self._done = False
+        # Registered before it exists: a signal between the file's creation and its
+        # registration would otherwise leave it behind (the handler removes what is
+        # registered, and a name not yet created costs it nothing).
+        LIVE_TEMPS.add(str(self.temp))
+        self._fd = -1
         try:
             # O_EXCL: a link planted at this name fails the call, it is never followed.
             self._fd = os.open(self.temp, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o600)
         except OSError as error:
+            LIVE_TEMPS.discard(str(self.temp))
             raise TclipError(f"cannot write to this folder ({error.strerror or error})", self.target.parent) \
                 from None
-        LIVE_TEMPS.add(str(self.temp))
         # The file stays open until commit or abort: writers get copies of this descriptor,
         # never the file found under the name (whoever else can write to the folder could
         # have put a link there meanwhile), and its inode number cannot be reused meanwhile.
