@@ -196,8 +196,15 @@ def test_a_kill_between_a_shards_rename_and_its_journal_record_still_resumes(tmp
     clean = sharded(tmp_path / "clean")
     clip_set(TensorSet(str(clean), [], clean), GlobalNormClip(1.0), ClipOptions(in_place=True))
     driver = (
-        "import os, sys\n"
+        "import os, sys, threading\n"
         "from tclip.work import sets\n"
+        "real, calls = sets.rewrite_task, []\n"
+        "def first_only(*args, **kwargs):\n"
+        "    calls.append(args[0])\n"
+        "    if len(calls) > 1:  # later shards wait: exactly one is renamed when the run dies, however busy\n"
+        "        threading.Event().wait()  # the machine (the worker thread never outruns the kill)\n"
+        "    return real(*args, **kwargs)\n"
+        "sets.rewrite_task = first_only\n"
         "sets.journal_done = lambda journal, tensor_set, file: os._exit(137)  # killed right after the rename\n"
         "from tclip.cli import cli\n"
         "cli(['global', '--clip', '1', '--in-place', '--threads', '1', sys.argv[1]])\n"
@@ -280,12 +287,45 @@ def test_a_worker_killed_mid_run_leaves_every_shard_old_or_new(tmp_path, cluster
     big = {f"layers.{i}.w": (RNG.standard_normal((1024, 1024)) * (i + 1)).astype(np.float32) for i in range(8)}
     index = sharded(tmp_path / "ckpt", big, shards=8)
     originals = {p.name: p.read_bytes() for p in (tmp_path / "ckpt").glob("*.safetensors")}
+    paused = tmp_path / "paused"
+    paused.mkdir()
+
+    def pause_before_a_shards_rename(folder):
+        """In a worker: each shard's output, written whole, waits before its rename (and says
+        so with a file named by the worker's pid) until the test kills the worker there."""
+        import os
+        import time
+        from pathlib import Path
+
+        from tclip.formats import atomic
+
+        real = atomic.AtomicOutput.commit
+
+        def commit(self, marker=None):
+            if self.target.name.startswith("model-"):
+                (Path(folder) / str(os.getpid())).write_text(str(self.target))
+                time.sleep(600)
+            return real(self, marker)
+
+        atomic.AtomicOutput.commit = commit
+
+    workers = client.run(os.getpid)
+    client.run(pause_before_a_shards_rename, str(paused))  # the workers a killed one is replaced by are not
     process = subprocess.Popen([sys.executable, "-m", "tclip", "global", "--clip", "1", "--dask",
                                 local.scheduler_address, "--in-place", str(index)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(1.5)
-    pids = client.run(os.getpid)
-    os.kill(next(iter(pids.values())), signal.SIGKILL)
+    killed: set[int] = set()
+    deadline = time.monotonic() + 300
+    # Both workers get a shard (one blocked leaves the other every task) and stop before its
+    # rename: each is killed exactly there, mid-write, and Dask reruns its task on a fresh worker.
+    while len(killed) < len(workers) and process.poll() is None and time.monotonic() < deadline:
+        for marker in paused.iterdir():
+            if int(marker.name) not in killed:
+                assert int(marker.name) in workers.values()
+                os.kill(int(marker.name), signal.SIGKILL)
+                killed.add(int(marker.name))
+        time.sleep(0.01)
+    assert killed == set(workers.values())
     out, err = process.communicate(timeout=300)
     assert process.returncode in (0, 1), err
     assert "Traceback" not in err
@@ -297,7 +337,7 @@ def test_a_worker_killed_mid_run_leaves_every_shard_old_or_new(tmp_path, cluster
         assert data in (originals[shard.name], new)  # never half-written
         if process.returncode == 0:
             assert data == new
-    client.wait_for_workers(1)
+    client.wait_for_workers(len(workers))
 
 
 def test_diff_takes_an_index_or_its_directory_on_either_side(tmp_path):
