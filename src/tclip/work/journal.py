@@ -185,7 +185,7 @@ def read_journal(journal: Path, tensor_set: TensorSet, mode: Any, options: ClipO
     The journal is a file on disk like any other: every field is checked against what
     this command would have written for this set, and anything else is one error.
     ``record`` False (a dry run) writes nothing, not even a shard found done."""
-    if not os.path.lexists(journal):
+    if not journal.exists():  # a dangling link there is no journal (and is replaced, never followed)
         return None
     advice = "restore the checkpoint from a copy, or remove the journal"
     try:
