@@ -32,6 +32,7 @@ def test_a_sharded_dry_run_into_an_existing_out_dir_names_every_output_and_which
     text = text_run("global", "--clip", "1", "--dry-run", "--out-dir", out, index)
     title = text.stdout.splitlines()[0]
     assert f"would write {out / index.name} and its 3 shard(s) (1 of 4 exist: a real run needs --force)" in title
+    assert f"exist already: {out / shards[1]}" in text.stdout.splitlines()
     forced = text_run("global", "--clip", "1", "--dry-run", "--force", "--out-dir", out, index)
     assert "(1 of 4 exist: --force replaces them)" in forced.stdout.splitlines()[0]
     assert sorted(p.name for p in out.iterdir()) == before

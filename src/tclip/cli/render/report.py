@@ -347,9 +347,15 @@ def render_file(report: FileReport, console: Console, *, width: int | None = -1,
 
 
 def copy_lines(report: FileReport) -> list[Text]:
-    """A set written to an output folder: the folder's other files copied with it, and
-    those left out (a few names each; JSON lists them all)."""
+    """A set written to an output folder: in a dry run the outputs that exist already;
+    the folder's other files copied with it, and those left out (a few names each;
+    JSON lists them all)."""
     lines = []
+    if report.dry_run and not report.in_place and report.outputs_existing and report.would_write_files is not None:
+        existing = [f["output"] for f in [*report.would_write_files, *(report.would_copy or [])] if f["exists"]]
+        if report.would_write and report.output_exists:
+            existing.append(report.would_write)
+        lines.append(Text(f"exist already: {name_list([safe(n) for n in existing], 3)}", style="dim"))
     if report.copied:
         lines.append(Text(f"copied {len(report.copied)} other file(s) of the checkpoint's folder: "
                           f"{name_list([safe(n) for n in report.copied], 4)}", style="dim"))
