@@ -68,6 +68,19 @@ def test_shards_in_a_subfolder_go_to_the_same_subfolder_of_the_out_dir(tmp_path)
         json.loads(index.read_text())["weight_map"]
 
 
+def test_a_symlinked_subfolder_in_the_out_dir_is_never_written_through(tmp_path):
+    index = subfolder_checkpoint(tmp_path / "ckpt")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "sub").symlink_to(elsewhere)
+    result = run("global", "--clip", "1", "--force", "--out-dir", tmp_path / "out", index)
+    assert result.exit_code == 1
+    assert result.stderr == f"Error: {tmp_path / 'out' / 'sub'}: is a symbolic link inside the output folder; " \
+                            "shards are written only into folders tclip makes or finds there\n"
+    assert list(elsewhere.iterdir()) == [] and sorted(p.name for p in (tmp_path / "out").iterdir()) == ["sub"]
+
+
 def test_a_failed_run_leaves_nothing_in_the_out_dir(tmp_path):
     index = subfolder_checkpoint(tmp_path / "ckpt")
     # the second shard is cut short: pass 1 reads its header only when it runs

@@ -312,7 +312,8 @@ def clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_addres
                 commit_marker(f).unlink(missing_ok=True)
             mark_index(tensor_set, journal)
         if not options.dry_run and not options.in_place:
-            created = _make_folders([targets[f] for f in todo], index_target)
+            created = _make_folders([targets[f] for f in todo], index_target,
+                                    None if options.out_dir is None else Path(options.out_dir))
             fresh = [t for t in [*(targets[f] for f in todo), index_target, *(t for _, t in others.copies)]
                      if t is not None and not os.path.lexists(t)]
         calls, order = [], []
@@ -359,11 +360,22 @@ def _would_write(report: FileReport, options: ClipOptions, outputs: list[tuple[P
         report.would_write, report.output_exists = str(index_target), os.path.lexists(index_target)
 
 
-def _make_folders(targets: list[Path | None], index_target: Path | None) -> list[Path]:
+def _make_folders(targets: list[Path | None], index_target: Path | None, out_dir: Path | None) -> list[Path]:
     """The folders the outputs go into (shards in a subfolder of the index's folder keep
-    it), created; those this run made, innermost first."""
+    it), created; those this run made, innermost first. A subfolder of ``out_dir`` that
+    is a symlink is refused: the shards would land wherever it points."""
     created: list[Path] = []
-    for target in dict.fromkeys(t.parent for t in [*targets, index_target] if t is not None):
+    folders = list(dict.fromkeys(t.parent for t in [*targets, index_target] if t is not None))
+    for target in folders:
+        if out_dir is None or not target.is_relative_to(out_dir):
+            continue
+        step = Path(out_dir)
+        for part in target.relative_to(out_dir).parts:
+            step = step / part
+            if os.path.islink(step):
+                raise TclipError("is a symbolic link inside the output folder; shards are written only into "
+                                 "folders tclip makes or finds there", step)
+    for target in folders:
         missing = []
         folder = target
         while not os.path.lexists(folder) and folder != folder.parent:
