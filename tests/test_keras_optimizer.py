@@ -55,8 +55,8 @@ def test_global_clip_leaves_the_optimizer_state_alone(tmp_path, fixture):
     assert set(skipped) == set(state)
     assert all(reason.startswith("optimizer state") for reason in skipped.values())
     warning = [w for w in data["warnings"] if "optimizer variables" in w]
-    assert len(warning) == 1 and warning[0].startswith("10 optimizer variables (a Keras optimizer's moments, "
-                                                       "iterations, learning rate) left unchanged: ")
+    assert len(warning) == 1 and warning[0].startswith("10 optimizer variables (a training optimizer's moments, "
+                                                       "step counts, learning rate) left unchanged: ")
     assert warning[0].endswith("and 7 more; name them with --include to work on them too")
 
 

@@ -78,6 +78,11 @@ def floating(filename: str) -> list[str]:
             if t["dtype"] in ("float16", "bfloat16", "float32", "float64", "float8_e4m3fn")]
 
 
+def clipped(filename: str) -> list[str]:
+    """The floating tensors a clip changes: a saved optimizer's state (``optimizer.state.*``) is left alone."""
+    return [n for n in floating(filename) if not n.startswith("optimizer.state.")]
+
+
 def zip_ok(path: Path) -> bool:
     with zipfile.ZipFile(path) as archive:
         return archive.testzip() is None
@@ -311,7 +316,8 @@ def test_report_norms_are_exact(filename):
     squares = []
     for name in floating(filename):
         values = VALUES[f"{filename}|{name}"].astype(np.float64)
-        squares.append(np.sum(values * values))
+        if name in clipped(filename):  # an optimizer's state is shown, not counted in the global norm
+            squares.append(np.sum(values * values))
         assert norms[name] == float(np.sqrt(np.sum(values * values))), name
     assert report["global_norm"] == pytest.approx(float(np.sqrt(sum(squares))), rel=1e-15)
 
@@ -393,7 +399,7 @@ def test_every_mode_on_a_training_checkpoint(tmp_path, args):
     source = copy(tmp_path, "checkpoint.pt")
     ok(*args, source)
     output = tmp_path / "checkpoint.clipped.pt"
-    names = floating("checkpoint.pt")
+    names = clipped("checkpoint.pt")
     arrays = [original("checkpoint.pt", n) for n in names]
     if args[0] == "global":
         want = dict(zip(names, tclip.clip_by_global_norm(arrays, 0.5)[0]))
@@ -743,9 +749,8 @@ def test_torch_loads_every_output_with_the_clipped_values(tmp_path, filename):
     output = tmp_path / filename.replace(".pt", ".clipped.pt")
     before = torch.load(source, weights_only=True)
     after = torch.load(output, weights_only=True)
-    names = floating(filename)
-    clipped, _ = tclip.clip_by_global_norm([original(filename, n) for n in names], 0.5)
-    want = dict(zip(names, clipped))
+    names = clipped(filename)
+    want = dict(zip(names, tclip.clip_by_global_norm([original(filename, n) for n in names], 0.5)[0]))
     flat_before, flat_after = _flatten(before, Path(filename).stem), _flatten(after, Path(filename).stem)
     assert list(flat_before) == list(flat_after)
     pointers: dict[int, int] = {}
@@ -805,3 +810,33 @@ def test_a_quantized_weight_sharing_bytes_with_another_tensor_is_not_clipped(tmp
     assert sorted(p.name for p in tmp_path.iterdir()) == ["q.pt"] and path.read_bytes() == before
     converted = run("global", "--clip", "0.1", "-o", tmp_path / "q.safetensors", path)  # stored apart: fine
     assert converted.exit_code == 0, converted.stderr
+
+
+def test_a_saved_optimizer_state_is_left_alone_unless_included(tmp_path):
+    # What a training loop saves: the model, the optimizer's state_dict (Adam moments, step
+    # counts under "state", hyperparameters under "param_groups") and the step.
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.ones(2, 4)).sum().backward()
+    optimizer.step()
+    path = tmp_path / "checkpoint.pt"
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": 5}, path)
+    state = sorted(f"optimizer.state.{i}.{k}" for i in (0, 1) for k in ("exp_avg", "exp_avg_sq", "step"))
+    result = run("global", "--clip", "0.01", "--json", path)
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    skipped = sorted(t["name"] for t in data["tensors"]
+                     if t["skipped"] == "optimizer state, left out unless an include pattern names it")
+    assert skipped == state
+    assert any(w.startswith("6 optimizer variables (a training optimizer's moments") for w in data["warnings"])
+    before, after = torch.load(path, weights_only=True), torch.load(tmp_path / "checkpoint.clipped.pt",
+                                                                    weights_only=True)
+    for key, value in before["optimizer"]["state"][0].items():
+        assert torch.equal(after["optimizer"]["state"][0][key], value), key
+    weights = torch.cat([v.double().reshape(-1) for v in after["model"].values()])
+    assert math.isclose(float(weights.norm()), 0.01, rel_tol=1e-6)
+    named = run("global", "--clip", "0.01", "--include", "*", "--json", "-o", tmp_path / "all.pt", path)
+    assert named.exit_code == 0, named.stderr
+    assert not any(t["skipped"] for t in json.loads(named.stdout)["tensors"])

@@ -174,6 +174,19 @@ def _strided(buffer: np.ndarray, ref: TensorRef, sizes: tuple[int, ...], writeab
     return np.lib.stride_tricks.as_strided(buffer, sizes, [s * itemsize for s in ref.stride], writeable=writeable)
 
 
+def _optimizer_prefixes(others: Any) -> set[str]:
+    """Where a saved ``optimizer.state_dict()`` sits: the prefixes P (``"optimizer."``, or ``""``
+    for one saved alone) of the leaves ``P param_groups.N.lr``. Its tensors are ``P state.*``
+    (Adam's moments, step counts): a training optimizer's state, clipped only when asked for,
+    as for a Keras file's."""
+    prefixes = set()
+    for leaf in others:
+        head, found, tail = leaf.name.rpartition("param_groups.")
+        if found and (not head or head.endswith(".")) and tail.split(".", 1)[-1] == "lr":
+            prefixes.add(head)
+    return prefixes
+
+
 class TorchReader(TensorReader):
     """A ``torch.save`` file (zip or legacy format): tensors as views of located storages."""
 
@@ -197,6 +210,10 @@ class TorchReader(TensorReader):
                 self.tensors[name] = TensorInfo(name, ref.shape, ref.dtype)
             self.others = [_other(leaf) for leaf in self.archive.others]
             self._values = {leaf.name: leaf.value for leaf in self.archive.others}
+            for prefix in _optimizer_prefixes(self.archive.others):
+                for name, info in self.tensors.items():
+                    if name.startswith(f"{prefix}state."):
+                        info.optimizer_state = True
         except BaseException:
             os.close(self._fd)
             raise

@@ -191,7 +191,7 @@ def optimizer_note(names: list[str], measured: bool) -> Note | None:
         return None
     done = "left out of the global norm" if measured else "left unchanged"
     return Note(NoteKind.OPTIMIZER_STATE, (f"{len(names):,} optimizer variable{'s' if len(names) > 1 else ''} "
-                                           f"(a Keras optimizer's moments, iterations, learning rate) {done}: "
+                                           f"(a training optimizer's moments, step counts, learning rate) {done}: "
                                            f"{name_list(names)}; name them with ", Option.INCLUDE,
                                            " to work on them too"))
 
