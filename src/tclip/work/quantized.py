@@ -190,11 +190,7 @@ def _block(scales: Any, index: int) -> str:
     return f"block {where if len(where) > 1 else where[0]}"
 
 
-def nonfinite_detail(found: Findings | None) -> str:
-    """Where a quantized weight's NaN/Inf come from, e.g. ``NaN scale in X.weight_scale_inv
-    block [0, 1]``, ``NaN code at row 3, column 17`` (empty when nothing is known)."""
-    if found is None:
-        return ""
+def _scale_detail(found: Findings) -> list[str]:
     parts = []
     for scales in found.scales.values():
         if scales.nan or scales.inf:
@@ -203,6 +199,15 @@ def nonfinite_detail(found: Findings | None) -> str:
             at = _block(scales, scales.first_bad)
             parts.append(f"{count} {kinds} scale(s) in {scales.part}" + (f", first at {at}" if at else "")
                          if count > 1 else f"{kinds} scale in {scales.part}" + (f" {at}" if at else ""))
+    return parts
+
+
+def nonfinite_detail(found: Findings | None) -> str:
+    """Where a quantized weight's NaN/Inf come from, e.g. ``NaN scale in X.weight_scale_inv
+    block [0, 1]``, ``NaN code at row 3, column 17`` (empty when nothing is known)."""
+    if found is None:
+        return ""
+    parts = _scale_detail(found)
     if found.nan_codes or found.inf_codes:
         count = found.nan_codes + found.inf_codes
         kinds = "/".join(k for k, n in (("NaN", found.nan_codes), ("Inf", found.inf_codes)) if n)
@@ -212,10 +217,15 @@ def nonfinite_detail(found: Findings | None) -> str:
 
 
 def quantized_notes(files: list[FileStats]) -> list[Note]:
-    """Warnings about quantized weights: zero scales (dead blocks), per weight with the count."""
+    """Warnings about quantized weights, per weight with the count: NaN/Inf scales (shown by
+    every report, not only by a failed ``max_norm`` check: scanning them is cheap) and zero
+    scales (dead blocks)."""
     notes = []
     for stats in files:
         for name, found in stats.findings.items():
+            bad = _scale_detail(found)
+            if bad:
+                notes.append(Note(NoteKind.NONFINITE_SCALES, f"{name}: {'; '.join(bad)}"))
             for scales in found.scales.values():
                 if scales.zero:
                     at = _block(scales, scales.first_zero)

@@ -37,6 +37,7 @@ class NoteKind(enum.Enum):
     HARD_LINKS = "the input has other hard links"
     DROPPED = "a conversion dropped what the output format cannot hold"
     ZERO_SCALES = "a quantized weight has zero scales (dead blocks)"
+    NONFINITE_SCALES = "a quantized weight has NaN/Inf scales"
     RESUMED = "an unfinished in-place run was resumed"
     INTERRUPTED = "an in-place run was interrupted here"
     CHECK_FAILED = "a check the user asked for failed"
