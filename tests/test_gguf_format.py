@@ -310,7 +310,9 @@ def test_conversion_of_quantized_tensors_is_refused(tmp_path):
     result = run("norm", "--clip", 1, tmp_path / "m.gguf", "-o", tmp_path / "m.safetensors")
     assert result.exit_code == 1 and "blk.0.attn_q.weight (Q8_0 blocks)" in result.stderr
     assert not (tmp_path / "m.safetensors").exists()
-    model(tmp_path / "plain.npz".replace(".npz", ".gguf"), types=["F32"])
+    ok("norm", "--clip", 1, "--drop-nonnumeric", tmp_path / "m.gguf", "-o", tmp_path / "m.safetensors")
+    with open_reader(tmp_path / "m.safetensors") as reader:
+        assert list(reader.tensors) == [NAMES["F32"]]  # the blocks are dropped, never written as float16
 
 
 # ----------------------------------------------------------------------------- 18.7 hostile files
@@ -354,3 +356,49 @@ def test_reader_lists_types_through_the_registry(tmp_path):
         assert reader.format_name == "gguf"
         assert reader.tensors[NAMES["Q5_K"]].encoding.summary.scheme == "Q5_K"
         assert reader.tensors[NAMES["BF16"]].dtype == np.dtype(ml_dtypes.bfloat16)
+
+
+# ----------------------------------------------------------------------------- 18.6 diff
+
+
+def quantized_pair(tmp_path: Path) -> dict[str, np.ndarray]:
+    """The same weights as F16 and as Q8_0/Q4_0 (quantized by the gguf package)."""
+    rng = np.random.default_rng(11)
+    weights = {f"blk.{i}.attn_q.weight": (rng.standard_normal((16, 512)) * 0.02).astype(np.float32)
+               for i in range(3)}
+    for kind, name in ((1, "model-f16.gguf"), (8, "model-q8_0.gguf"), (2, "model-q4_0.gguf")):
+        tensors = [gh.Tensor(n, w.shape, kind, w.astype("<f2").tobytes() if kind == 1 else
+                             gguf.quants.quantize(w, gguf.GGMLQuantizationType(kind)).tobytes())
+                   for n, w in weights.items()]
+        gh.write_gguf(tmp_path / name, gh.GgufSpec(tensors=tensors))
+    return weights
+
+
+@pytest.mark.parametrize("level", ["q8_0", "q4_0"])
+def test_diff_of_two_quantization_levels_is_of_the_dequantized_values(tmp_path, level):
+    weights = quantized_pair(tmp_path)
+    result = run("diff", "--json", tmp_path / "model-f16.gguf", tmp_path / f"model-{level}.gguf")
+    assert result.exit_code == 3
+    data = json.loads(result.stdout.splitlines()[0])
+    kind = gh.TYPE_IDS[level.upper()]
+    for t in data["tensors"]:
+        a = weights[t["name"]].astype(np.float16).astype(np.float64)
+        with open_reader(tmp_path / f"model-{level}.gguf") as reader:
+            raw = reader.read_part(t["name"], 0, reader.tensors[t["name"]].nbytes).tobytes()
+        b = gb.dequantize(kind, raw).astype(np.float64).reshape(a.shape)
+        assert t["diff_norm"] == pytest.approx(fsum_norm(a - b), rel=1e-12)
+        assert t["max_abs_diff"] == np.abs(a - b).max()
+        assert t["cosine"] == pytest.approx(math.fsum((a * b).reshape(-1).tolist()) / (fsum_norm(a) * fsum_norm(b)),
+                                            rel=1e-12)
+
+
+def test_diff_gguf_against_safetensors_with_map(tmp_path):
+    from safetensors.numpy import save_file
+
+    weights = quantized_pair(tmp_path)
+    save_file({n.replace("blk.", "model.layers.").replace("attn_q", "self_attn.q_proj"): w.astype(np.float16)
+               for n, w in weights.items()}, str(tmp_path / "model.safetensors"))
+    result = run("diff", "--map", "blk.*.attn_q.weight=model.layers.*.self_attn.q_proj.weight",
+                 tmp_path / "model-f16.gguf", tmp_path / "model.safetensors")
+    assert result.exit_code == 0, result.output
+    assert "3 compared" in result.stdout

@@ -110,7 +110,7 @@ def _rewrite(reader: TensorReader, work: dict[str, TensorWork], target: Path | N
                                         f"{listing}; nothing was written (", Option.DROP_NONNUMERIC,
                                         " drops them with a warning)"), reader.path)
             result.warnings.append(Note(NoteKind.DROPPED, f"dropped what the output format cannot hold: {listing}"))
-            tensors = [t for t in tensors if t.numeric]
+            tensors = [t for t in tensors if t.numeric and t.encoding is None]  # (GGUF blocks: no other format)
     writer: TensorWriter | None = None
     if target is not None:
         factory = writer_factory or create_writer
