@@ -60,8 +60,11 @@ BF16 = 30
 QUANTIZED = frozenset(t for t in gb.GGML_TYPES if gb.is_supported(t) and gb.can_scale(t))
 # Bytes of blocks read at once by a rescale or a value source.
 _BAND_BYTES = 8 << 20
-# f16 bits of 2**-16: a rescaled scale field below it is rounded by more than 2**-9 of itself.
-_FEWEST_BITS = 0x0100
+# How far a rescaled f16 scale field may be from its exact product, relative: the --max-norm
+# gate's tolerance for float16 (a clipped tensor's norm then passes it). Normal results are
+# within 2**-11; only products deep in the subnormals (below about 2**-16) or flushed to
+# zero are farther.
+MAX_SCALE_ROUNDING = 2.0 ** -9
 
 
 def sniff(head: bytes, size: int) -> bool:
@@ -153,48 +156,58 @@ class GgmlBlocks(Encoding):
         """Blocks starting at element ``first`` as a rescale by ``factor`` writes them.
 
         Raises:
-            ValueError: a normal f16 scale field would fall below 2**-16 (a subnormal with
-                fewer than 9 significant bits: rounded by up to 2**-9 of itself, the gate's
-                float16 tolerance) or to zero: the values would no longer be the factor times
-                the old ones within that tolerance.
+            ValueError: a scale field would be rounded by more than :data:`MAX_SCALE_ROUNDING`
+                of its exact product (a product far down in f16's subnormals, or flushed to
+                zero): its block's values would not be the factor times the old ones within
+                the float16 tolerance of the ``max_norm`` gate.
         """
         if factor is None:
             return raw
+        blocks = np.asarray(raw, np.uint8).reshape(-1, self.block_bytes)
         per_row = _row_factors(np.asarray(factor), self.rows)
         if per_row is None:
-            out = gb.scale_blocks(self.type_id, raw, float(np.asarray(factor).reshape(-1)[0]), self.byteorder).data
+            single = float(np.asarray(factor).reshape(-1)[0])
+            out = gb.scale_blocks(self.type_id, blocks.reshape(-1), single, self.byteorder).data
+            factors: float | np.ndarray = single
         else:
-            out = self._scaled_rows(raw, first, per_row)
-        self._check_precision(raw, out, first)
+            per = self.row // self.block_elements  # blocks of a row
+            factors = per_row[(first // self.block_elements + np.arange(blocks.shape[0])) // per]
+            out = blocks.copy()
+            for value in np.unique(factors):
+                if value == 1.0:
+                    continue  # d * 1 rounds to d: nothing to do
+                chosen = factors == value
+                out[chosen] = gb.scale_blocks(self.type_id, blocks[chosen].reshape(-1), float(value),
+                                              self.byteorder).data.reshape(-1, self.block_bytes)
+            out = out.reshape(-1)
+        self._check_rounding(blocks, out.reshape(-1, self.block_bytes), factors, first)
         return out
 
-    def _check_precision(self, before: np.ndarray, after: np.ndarray, first: int) -> None:
-        old = np.asarray(before, np.uint8).reshape(-1, self.block_bytes)
-        new = np.asarray(after, np.uint8).reshape(-1, self.block_bytes)
-        for at, _ in gb.GGML_TYPES[self.type_id].scale_fields:
-            was = np.ascontiguousarray(old[:, at:at + 2]).view(self.byteorder + "u2")[:, 0] & 0x7FFF
-            now = np.ascontiguousarray(new[:, at:at + 2]).view(self.byteorder + "u2")[:, 0] & 0x7FFF
-            lost = (was >= 0x0400) & (was < 0x7C00) & (now < _FEWEST_BITS)
-            if lost.any():
-                block = first // self.block_elements + int(np.flatnonzero(lost)[0])
-                raise ValueError(f"the factor makes {int(np.count_nonzero(lost)):,} of its float16 block scales "
-                                 f"smaller than 2**-16 or zero (the first in block {block}), which would keep too few bits "
-                                 "to hold the clipped values; requantize it (llama.cpp) rather than clip it, or "
-                                 "leave it out")
-
-    def _scaled_rows(self, raw: np.ndarray, first: int, per_row: np.ndarray) -> np.ndarray:
-        blocks = np.asarray(raw, np.uint8).reshape(-1, self.block_bytes)
-        per = self.row // self.block_elements  # blocks of a row
-        row_of = (first // self.block_elements + np.arange(blocks.shape[0])) // per
-        factors = per_row[row_of]
-        out = blocks.copy()
-        for value in np.unique(factors):
-            if value == 1.0:
-                continue  # rounding d * 1 gives d: nothing to do
-            chosen = factors == value
-            out[chosen] = gb.scale_blocks(self.type_id, blocks[chosen].reshape(-1), float(value),
-                                          self.byteorder).data.reshape(-1, self.block_bytes)
-        return out.reshape(-1)
+    def _check_rounding(self, old: np.ndarray, new: np.ndarray, factors: float | np.ndarray, first: int) -> None:
+        """Refuse scale fields rounded farther than :data:`MAX_SCALE_ROUNDING` from their exact
+        products: ``d`` relative to itself, a minimum relative to the larger of itself and ``d``
+        (a minimum far below its block's ``d`` moves the values by a part of ``d`` only)."""
+        fields = gb.GGML_TYPES[self.type_id].scale_fields
+        exact_d = None
+        for index, (at, _) in enumerate(fields):
+            was = np.ascontiguousarray(old[:, at:at + 2]).view(self.byteorder + "f2")[:, 0].astype(np.float64)
+            now = np.ascontiguousarray(new[:, at:at + 2]).view(self.byteorder + "f2")[:, 0].astype(np.float64)
+            with np.errstate(invalid="ignore", over="ignore"):
+                exact = was * factors  # f16 times float64: exact but for a float64 rounding
+                size = np.abs(exact) if exact_d is None else np.maximum(np.abs(exact), np.abs(exact_d))
+                far = (np.abs(now - exact) > MAX_SCALE_ROUNDING * size) & np.isfinite(size) & (size != 0)
+            if index == 0:
+                exact_d = exact
+            if far.any():
+                block = first // self.block_elements + int(np.flatnonzero(far)[0])
+                per = self.row // self.block_elements
+                where = f"[{block // per}, {block % per}]" if len(self.shape) > 1 else str(block)
+                factor = float(np.broadcast_to(factors, was.shape)[far][0])
+                raise ValueError(f"the factor leaves {int(np.count_nonzero(far)):,} of its float16 block scales "
+                                 f"rounded by more than 2**-9 (the first: the {'d' if index == 0 else 'minimum'} "
+                                 f"of block {where}, {float(was[far][0]):.4g} x {factor:.4g}, is below what float16 "
+                                 "holds with precision), so its values would not be scaled by the factor; requantize "
+                                 "it (llama.cpp) rather than clip it, or leave it out")
 
     def source(self, reader: TensorReader, info: TensorInfo) -> "BlockValues":
         return BlockValues(reader, self)
