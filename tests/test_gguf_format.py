@@ -402,3 +402,69 @@ def test_diff_gguf_against_safetensors_with_map(tmp_path):
                  tmp_path / "model-f16.gguf", tmp_path / "model.safetensors")
     assert result.exit_code == 0, result.output
     assert "3 compared" in result.stdout
+
+
+# ----------------------------------------------------------------------------- 18.5 split sets
+
+
+def split_set(folder: Path, count: int = 3, prefix: str = "llama-3-8b-Q4_K_M") -> dict[str, tuple[str, bytes]]:
+    """A split set as llama.cpp's gguf-split writes it: PREFIX-0000N-of-0000M.gguf, split.* keys."""
+    folder.mkdir(exist_ok=True)
+    rng = np.random.default_rng(21)
+    made = {}
+    kinds = ["Q4_K", "Q8_0", "Q6_K", "F32"]
+    for number in range(count):
+        tensors = []
+        for layer in range(2):
+            kind = kinds[(number + layer) % len(kinds)]
+            name = f"blk.{2 * number + layer}.ffn_down.weight"
+            raw = blocks_for(kind, ROWS, COLS, rng)
+            tensors.append(gh.Tensor(name, (ROWS, COLS), gh.TYPE_IDS[kind], raw))
+            made[name] = (kind, raw)
+        meta = [("split.no", gh.UINT16, number), ("split.count", gh.UINT16, count),
+                ("split.tensors.count", gh.INT32, 2 * count)]
+        gh.write_gguf(folder / f"{prefix}-{number + 1:05d}-of-{count:05d}.gguf", gh.GgufSpec(metadata=meta,
+                                                                                              tensors=tensors))
+    return made
+
+
+@pytest.mark.parametrize("given", ["llama-3-8b-Q4_K_M-00002-of-00003.gguf", "llama-3-8b-Q4_K_M-*.gguf", "."])
+def test_any_split_file_a_glob_or_the_folder_stands_for_the_set(tmp_path, given, monkeypatch):
+    made = split_set(tmp_path / "model")
+    monkeypatch.chdir(tmp_path / "model")
+    data = [json.loads(line) for line in run("report", "--json", given).stdout.splitlines()]
+    assert len(data) == 1  # one set, once
+    norms = {t["name"]: t["norm"] for t in data[0]["tensors"]}
+    assert sorted(norms) == sorted(made)
+    expected = math.sqrt(math.fsum((reference(k, raw, ROWS) ** 2).sum() for k, raw in made.values()))
+    assert data[0]["global_norm"] == pytest.approx(expected, rel=1e-14)
+
+
+def test_global_clip_of_a_split_set_is_one_norm_keeping_names(tmp_path):
+    made = split_set(tmp_path / "model")
+    first = tmp_path / "model" / "llama-3-8b-Q4_K_M-00001-of-00003.gguf"
+    limit = report_json(first)["global_norm"] / 2
+    result = run("global", "--clip", limit, first)
+    assert result.exit_code == 1 and "a split GGUF set needs --out-dir DIR" in result.stderr
+    ok("global", "--clip", limit, first, "--out-dir", tmp_path / "clipped")
+    assert sorted(p.name for p in (tmp_path / "clipped").iterdir()) == sorted(
+        p.name for p in (tmp_path / "model").iterdir())
+    data = report_json(tmp_path / "clipped" / "llama-3-8b-Q4_K_M-00003-of-00003.gguf")
+    assert data["global_norm"] == pytest.approx(limit, rel=2.0 ** -9)
+    assert run("report", "--max-norm", limit, tmp_path / "clipped" / first.name).exit_code == 0
+    for file in (tmp_path / "clipped").iterdir():  # every file's header is its input's
+        header = parse_gguf(file)
+        assert file.read_bytes()[:header.data_offset] == (tmp_path / "model" / file.name).read_bytes()[
+            :header.data_offset]
+
+
+def test_a_split_set_with_a_missing_or_mislabelled_file_is_one_error(tmp_path):
+    split_set(tmp_path / "model")
+    (tmp_path / "model" / "llama-3-8b-Q4_K_M-00003-of-00003.gguf").unlink()
+    result = run("report", tmp_path / "model" / "llama-3-8b-Q4_K_M-00001-of-00003.gguf")
+    assert result.exit_code == 1 and "split 3 of 3 (llama-3-8b-Q4_K_M-00003-of-00003.gguf) is missing" in result.stderr
+    split_set(tmp_path / "other", prefix="m")
+    (tmp_path / "other" / "m-00002-of-00003.gguf").rename(tmp_path / "other" / "renamed.gguf")
+    (tmp_path / "other" / "m-00003-of-00003.gguf").rename(tmp_path / "other" / "m-00002-of-00003.gguf")
+    result = run("report", tmp_path / "other" / "m-00001-of-00003.gguf")
+    assert result.exit_code == 1 and "not split 2 of 3" in result.stderr

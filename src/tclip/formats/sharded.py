@@ -1,15 +1,22 @@
-"""Sharded checkpoints: index files (``model.safetensors.index.json``) and one reader over a set.
+"""Sharded checkpoints: index files (``model.safetensors.index.json``), GGUF split sets and one
+reader over a set.
 
 A set is either the shards an index names (its ``weight_map`` maps every tensor
 to its shard, as ``save_pretrained`` and PyTorch's Hugging Face storage writer
-write it) or a list of files (``--across-files``). An index is data from the file
+write it), the files of a GGUF split set (``model-00001-of-00003.gguf`` ...: any one
+of them stands for the set, as an index does; llama.cpp finds the others by that
+name pattern, and the ``split.*`` keys of each say which it is), or a list of files
+(``--across-files``). An index is data from the file
 system, so it is checked like any file: JSON without duplicate keys, shard names
 inside the index's folder, every listed tensor present in its shard and no tensor
 in two shards."""
 
 from __future__ import annotations
 
+import functools
 import json
+import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,8 +36,91 @@ MAX_INDEX_BYTES = 256 << 20
 IN_PROGRESS_KEY = "tclip_in_progress"
 
 
+# llama.cpp's llama_split_path: PREFIX-%05d-of-%05d.gguf, numbered from 1
+GGUF_SPLIT_NAME = re.compile(r"(?P<prefix>.+)-(?P<no>[0-9]{5})-of-(?P<count>[0-9]{5})\.gguf", re.IGNORECASE)
+
+
 def is_index(path: Path | None) -> bool:
-    return path is not None and Path(path).name.endswith(INDEX_SUFFIX) and Path(path).is_file()
+    """Whether ``path`` stands for a set: an index file, or one file of a GGUF split set."""
+    if path is None:
+        return False
+    path = Path(path)
+    if path.name.endswith(INDEX_SUFFIX):
+        return path.is_file()
+    return is_gguf_split(path)
+
+
+def is_gguf_split(path: Path) -> bool:
+    """A GGUF file whose ``split.count`` is above 1 (an unreadable file is not: it fails when opened)."""
+    if Path(path).suffix.lower() != ".gguf":
+        return False
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return _gguf_split(str(path), st.st_ino, st.st_mtime_ns, st.st_size) is not None
+
+
+@functools.lru_cache(maxsize=256)
+def _gguf_split(path: str, inode: int, mtime: int, size: int) -> tuple[int, int] | None:
+    """(split.no, split.count) of a GGUF file of a split set, else None (cached per file version:
+    every input is asked more than once)."""
+    from ._gguf_header import parse_gguf
+
+    try:
+        split = parse_gguf(path).split
+    except (TclipError, OSError):
+        return None
+    if split is None or split.count <= 1:
+        return None
+    return split.no, split.count
+
+
+def set_anchor(path: Path) -> Path:
+    """The file that names a set: an index itself, a GGUF split set's first file (so that a glob
+    or a folder of its files gives the set once)."""
+    path = Path(path)
+    match = GGUF_SPLIT_NAME.fullmatch(path.name)
+    if match is None or not is_gguf_split(path):
+        return path
+    return path.with_name(f"{match['prefix']}-00001-of-{match['count']}.gguf")
+
+
+def load_gguf_split(path: Path) -> TensorSet:
+    """The files of the GGUF split set that ``path`` belongs to, checked: named as llama.cpp
+    names them, each present, its ``split.no`` its place and ``split.count`` the same in all."""
+    from ._gguf_header import parse_gguf
+
+    path = Path(path)
+    match = GGUF_SPLIT_NAME.fullmatch(path.name)
+    header = parse_gguf(path)
+    split = header.split
+    assert split is not None
+    if match is None:
+        raise FormatError(f"a file of a split GGUF set (split {split.no + 1} of {split.count}) not named "
+                          "PREFIX-0000N-of-0000M.gguf, as llama.cpp names them: its other files cannot be found",
+                          path)
+    if int(match["count"]) != split.count or int(match["no"]) != split.no + 1:
+        raise FormatError(f"named split {int(match['no'])} of {int(match['count'])}, but its split keys say "
+                          f"{split.no + 1} of {split.count}", path)
+    files = [path.with_name(f"{match['prefix']}-{i:05d}-of-{match['count']}.gguf") for i in range(1, split.count + 1)]
+    total, expected = 0, None
+    for number, file in enumerate(files):
+        if not file.is_file():
+            raise TclipError(f"split {number + 1} of {split.count} ({file.name}) is missing", path)
+        other = header if file == path else parse_gguf(file)
+        found = other.split
+        if found is None or (found.no, found.count) != (number, split.count):
+            said = "no split keys" if found is None else f"split {found.no + 1} of {found.count}"
+            raise FormatError(f"its split keys say {said}, not split {number + 1} of {split.count}", file)
+        total += len(other.tensors)
+        if number == 0:
+            expected = found.tensors_count
+    if expected is not None and expected != total:
+        raise FormatError(f"split.tensors.count says the set holds {expected} tensors; its files hold {total}",
+                          files[0])
+    metadata = {"split.count": split.count}
+    return TensorSet(str(path), files, None, {"metadata": metadata}, keep_names=True)
 
 
 @dataclass
@@ -43,6 +133,7 @@ class TensorSet:
     index_data: dict[str, Any] = field(default_factory=dict)
     allow: dict[Path, frozenset[str]] | None = None
     names: list[str] = field(default_factory=list)  # every tensor of the set (filled when resolved)
+    keep_names: bool = False  # its files are found by their names (GGUF splits): outputs keep them
 
     @property
     def metadata(self) -> dict[str, Any]:
@@ -59,8 +150,11 @@ def no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def load_index(path: Path) -> TensorSet:
-    """Read and check an index: its shards, in natural order, and each one's tensors."""
+    """Read and check an index: its shards, in natural order, and each one's tensors (or the
+    files of the GGUF split set ``path`` is one of)."""
     path = Path(path)
+    if not path.name.endswith(INDEX_SUFFIX) and is_gguf_split(path):
+        return load_gguf_split(path)
     try:
         if path.stat().st_size > MAX_INDEX_BYTES:
             raise FormatError(f"index larger than {MAX_INDEX_BYTES >> 20} MiB", path)
@@ -208,6 +302,12 @@ class SetReader(TensorReader):
 
     def read_flat(self, name: str, start: int, stop: int, out: Any = None) -> Any:
         return self.owner[name].read_flat(name, start, stop, out)
+
+    def read_part(self, name: str, start: int, stop: int, out: Any = None) -> Any:
+        return self.owner[name].read_part(name, start, stop, out)
+
+    def part_parallel_safe(self, name: str) -> bool:
+        return self.owner[name].part_parallel_safe(name)
 
     def region(self, name: str) -> tuple[int, int] | None:
         return self.owner[name].region(name)

@@ -36,6 +36,7 @@ from ..formats.sharded import (
     is_index,
     load_index,
     resolve,
+    set_anchor,
     write_index,
 )
 from ..messages import Option
@@ -141,11 +142,15 @@ def group_sets(inputs: list[tuple[str, Path | None]], across: bool) -> list[tupl
     """Indexes become sets; with ``across`` all other files form one set; else each file is its own set."""
     out: list[tuple[str, TensorSet | None]] = []
     loose: list[Path] = []
+    seen: set[Path] = set()
     for name, path in inputs:
         if path is None:
             out.append((name, None))
         elif is_index(path):
-            out.append((name, TensorSet(name, [], path)))
+            anchor = set_anchor(path)  # several files of one GGUF split set (a glob, a folder) give it once
+            if anchor not in seen:
+                seen.add(anchor)
+                out.append((name, TensorSet(name, [], path)))
         elif across:
             loose.append(path)
         else:
@@ -195,6 +200,9 @@ def _targets(tensor_set: TensorSet, options: ClipOptions) -> tuple[dict[Path, Pa
                 folder / tensor_set.index.name)
     if options.in_place:
         return {f: Path(os.path.realpath(f)) for f in tensor_set.files}, None
+    if tensor_set.keep_names and options.out_dir is None:
+        raise TclipError(("a split GGUF set needs ", Option.OUT_DIR, " DIR (its files keep their names, by which "
+                          "llama.cpp finds them) or ", Option.IN_PLACE), tensor_set.files[0])
     return {f: default_output(f, options.out_dir) for f in tensor_set.files}, None
 
 
@@ -522,9 +530,10 @@ def index_info(path: Path) -> InfoReport:
     tensor_set = resolve(TensorSet(str(path), [], Path(path)))
     layout = set_layout(tensor_set)
     tensors, others = [], []
-    size = path.stat().st_size
+    size = path.stat().st_size if tensor_set.index is not None else 0  # (a GGUF split set has no index)
     fmt = ""
-    names = {file: file.relative_to(tensor_set.index.parent).as_posix() for file in tensor_set.files}
+    base = tensor_set.index.parent if tensor_set.index is not None else tensor_set.files[0].parent
+    names = {file: file.relative_to(base).as_posix() for file in tensor_set.files}
     for file in tensor_set.files:
         info = file_info(file, layout if layout else None)
         fmt = info.format
@@ -535,5 +544,6 @@ def index_info(path: Path) -> InfoReport:
         others += info.others
     metadata = tensor_set.metadata
     metadata["shards"] = len(tensor_set.files)
-    return InfoReport(str(path), f"{fmt} index", size, tensors, metadata, others,
+    kind = "index" if tensor_set.index is not None else "split set"
+    return InfoReport(str(path), f"{fmt} {kind}", size, tensors, metadata, others,
                       files=[names[f] for f in tensor_set.files])
