@@ -221,7 +221,7 @@ def test_json_lines_one_object_per_file(npz, st):
     (["value", "--min", "2", "--max", "1"], "--min 2 is greater than --max 1"),
     (["value", "--min", "0"], "Missing option '--max'"),
     (["global", "--clip", "1", "--nonfinite", "ignore"], "Invalid value for '--nonfinite'"),
-    (["norm", "--clip", "1", "-o", "x.txt"], "the suffix must be .npy, .npz, .safetensors, .h5, .hdf5, .pt, .pth or .bin"),
+    (["norm", "--clip", "1", "-o", "x.txt"], "the suffix must be .npy, .npz, .safetensors, .h5, .hdf5, .pt, .pth, .bin or .gguf"),
 ])
 def test_bad_arguments_exit_2_before_reading(tmp_path, args, message):
     result = run(*args, tmp_path / "missing.npz")

@@ -51,7 +51,7 @@ def test_the_suffixes_come_from_the_registry(tmp_path, toy):
     assert registry.suffixes()[".toy"] == "toy"
     result = run("norm", "--clip", "1", "-o", tmp_path / "x.txt", tmp_path / "a.npy")
     assert result.exit_code == 2
-    assert "the suffix must be .npy, .npz, .safetensors, .h5, .hdf5, .pt, .pth, .bin or .toy" in result.stderr
+    assert "the suffix must be .npy, .npz, .safetensors, .h5, .hdf5, .pt, .pth, .bin, .gguf or .toy" in result.stderr
 
 
 def test_info_report_and_norm_on_a_toy_format(tmp_path, toy):

@@ -41,12 +41,13 @@ from .params import (
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "-V", "--version", prog_name="tclip")
 def cli() -> None:
-    """Clip, inspect and compare tensors saved on disk (.npy, .npz, safetensors, HDF5, PyTorch).
+    """Clip, inspect and compare tensors saved on disk (.npy, .npz, safetensors, HDF5, PyTorch, GGUF).
 
     Each clipping command writes NAME.clipped.EXT beside its input (see -o,
     --out-dir, --in-place) and prints a norm report; `report`, `info` and
     `diff` only read. A FILE may be a path, a quoted glob, a directory, or a
-    sharded checkpoint's index (model.safetensors.index.json, pytorch_model.bin.index.json).
+    sharded checkpoint's index (model.safetensors.index.json, pytorch_model.bin.index.json)
+    or any file of a GGUF split set (model-00001-of-00003.gguf).
 
     \b
     Example:
