@@ -272,6 +272,11 @@ class BlockValues:
     def __init__(self, reader: TensorReader, encoding: GgmlBlocks) -> None:
         self.reader, self.encoding = reader, encoding
 
+    def stored_bytes(self, start: int, stop: int) -> int:
+        """What reading elements ``[start, stop)`` reads: the blocks holding them."""
+        e = self.encoding
+        return e.byte_of(stop + e.block_elements - 1) - e.byte_of(start)
+
     def read(self, start: int, stop: int, out: np.ndarray | None) -> np.ndarray:
         e = self.encoding
         first = start // e.block_elements * e.block_elements
