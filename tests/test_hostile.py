@@ -14,6 +14,7 @@ import sys
 import zipfile
 from pathlib import Path
 
+import gguf_helpers
 import h5py
 import numpy as np
 import pytest
@@ -68,12 +69,22 @@ def valid_files(folder: Path) -> dict[str, bytes]:
     out["pt"] = torch_helpers.save_arrays(folder / "seed.pt", tensors, values={"step": torch_helpers.num(3)}).read_bytes()
     out["pt-torch"] = (TORCH_FIXTURES / "views.pt").read_bytes()  # torch's own layout, views, tied storages
     out["pt-legacy"] = (TORCH_FIXTURES / "legacy_state_dict.pt").read_bytes()
+    for kind, order in (("gguf", "<"), ("gguf-be", ">")):  # quantized blocks, metadata arrays, both byte orders
+        blocks = {8: gguf_helpers.random_blocks(8, 16, RNG, d=0.02), 12: gguf_helpers.random_blocks(12, 2, RNG)}
+        if order == ">":
+            blocks = {t: gguf_helpers.swap_block_fields(raw, t) for t, raw in blocks.items()}
+        out[kind] = gguf_helpers.gguf_bytes(gguf_helpers.GgufSpec(order=order, metadata=[
+            ("general.architecture", gguf_helpers.STRING, "llama"),
+            ("tokenizer.ggml.tokens", gguf_helpers.ARRAY, gguf_helpers.Array(gguf_helpers.STRING, ["a", "bc"] * 8))],
+            tensors=[gguf_helpers.Tensor("blk.0.attn_q.weight", (2, 256), 8, blocks[8]),
+                     gguf_helpers.Tensor("blk.0.ffn_down.weight", (2, 256), 12, blocks[12]),
+                     gguf_helpers.Tensor("output_norm.weight", (8,), 0, np.ones(8, order + "f4").tobytes())]))
     return out
 
 
 TORCH_FIXTURES = Path(__file__).parent / "fixtures" / "torch"
 SUFFIX = {"safetensors": ".safetensors", "npz": ".npz", "npz-deflated": ".npz", "npy": ".npy", "h5": ".h5",
-          "pt": ".pt", "pt-torch": ".pt", "pt-legacy": ".pt"}
+          "pt": ".pt", "pt-torch": ".pt", "pt-legacy": ".pt", "gguf": ".gguf", "gguf-be": ".gguf"}
 
 
 @st.composite
