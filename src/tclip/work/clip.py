@@ -38,7 +38,7 @@ def clip_file(path: Path | str, mode: Mode, options: ClipOptions | None = None,
     :func:`make_plan`, :func:`rewrite_file`.
 
     Args:
-        path: the input file (.npy, .npz, .safetensors, .h5/.hdf5, .pt/.pth/.bin).
+        path: the input file (.npy, .npz, .safetensors, .h5/.hdf5, .pt/.pth/.bin, .gguf).
         mode: :class:`NormClip`, :class:`AverageNormClip`,
             :class:`GlobalNormClip` or :class:`ValueClip`.
         options: output, selection and policies (:class:`ClipOptions`).
