@@ -448,6 +448,8 @@ def test_global_clip_of_a_split_set_is_one_norm_keeping_names(tmp_path):
     limit = report_json(first)["global_norm"] / 2
     result = run("global", "--clip", limit, first)
     assert result.exit_code == 1 and "a split GGUF set needs --out-dir DIR" in result.stderr
+    result = run("global", "--clip", limit, "--in-place", first)
+    assert result.exit_code == 1 and "is clipped into --out-dir DIR, not --in-place" in result.stderr
     ok("global", "--clip", limit, first, "--out-dir", tmp_path / "clipped")
     assert sorted(p.name for p in (tmp_path / "clipped").iterdir()) == sorted(
         p.name for p in (tmp_path / "model").iterdir())

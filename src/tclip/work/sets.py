@@ -198,11 +198,16 @@ def _targets(tensor_set: TensorSet, options: ClipOptions) -> tuple[dict[Path, Pa
                              tensor_set.index)
         return ({f: folder / f.relative_to(tensor_set.index.parent) for f in tensor_set.files},
                 folder / tensor_set.index.name)
+    if options.in_place and tensor_set.keep_names:
+        # Without an index there is nowhere to mark a run in progress: an interrupted one would
+        # leave some files clipped and others not, and a rerun would clip them again.
+        raise TclipError(("a split GGUF set is clipped into ", Option.OUT_DIR, " DIR, not ", Option.IN_PLACE,
+                          " (an interrupted run would leave it half clipped)"), tensor_set.files[0])
     if options.in_place:
         return {f: Path(os.path.realpath(f)) for f in tensor_set.files}, None
     if tensor_set.keep_names and options.out_dir is None:
         raise TclipError(("a split GGUF set needs ", Option.OUT_DIR, " DIR (its files keep their names, by which "
-                          "llama.cpp finds them) or ", Option.IN_PLACE), tensor_set.files[0])
+                          "llama.cpp finds them)"), tensor_set.files[0])
     return {f: default_output(f, options.out_dir) for f in tensor_set.files}, None
 
 
