@@ -472,3 +472,24 @@ def test_a_split_set_with_a_missing_or_mislabelled_file_is_one_error(tmp_path):
     (tmp_path / "other" / "m-00003-of-00003.gguf").rename(tmp_path / "other" / "m-00002-of-00003.gguf")
     result = run("report", tmp_path / "other" / "m-00001-of-00003.gguf")
     assert result.exit_code == 1 and "not split 2 of 3" in result.stderr
+
+
+def test_expert_stacks_vectors_and_empty_tensors(tmp_path):
+    rng = np.random.default_rng(8)
+    experts = gh.random_blocks(8, 8 * 4 * 512 // 32, rng, d=1e-3)
+    vector = gh.random_blocks(12, 1, rng, d=1e-4, dmin=4e-4)
+    path = tmp_path / "moe.gguf"
+    gh.write_gguf(path, gh.GgufSpec(tensors=[gh.Tensor("blk.0.ffn_down_exps.weight", (8, 4, 512), 8, experts),
+                                             gh.Tensor("blk.0.attn_norm.weight", (256,), 12, vector),
+                                             gh.Tensor("blk.0.empty.weight", (0, 256), 12, b"")]))
+    rows = reference("Q8_0", experts, 32).reshape(8, 4, 512)
+    data = {t["name"]: t for t in report_json("--axes", -1, path)["tensors"]}
+    assert data["blk.0.ffn_down_exps.weight"]["max_slice_norm"] == pytest.approx(
+        max(fsum_norm(r) for r in rows.reshape(32, 512)), rel=1e-15)
+    assert data["blk.0.empty.weight"]["norm"] == 0.0
+    ok("norm", "--clip", 1.2, "--axes", -1, path, "-o", tmp_path / "out.gguf")
+    assert run("report", "--axes", -1, "--max-norm", 1.2, tmp_path / "out.gguf").exit_code == 0
+    clipped = reference("Q8_0", data_of(tmp_path / "out.gguf", "blk.0.ffn_down_exps.weight"), 32)
+    for before, after in zip(rows.reshape(32, 512), clipped):  # each expert row its own factor
+        target = min(fsum_norm(before), 1.2)
+        assert fsum_norm(after) == pytest.approx(target, rel=2.0 ** -9)
