@@ -493,3 +493,21 @@ def test_expert_stacks_vectors_and_empty_tensors(tmp_path):
     for before, after in zip(rows.reshape(32, 512), clipped):  # each expert row its own factor
         target = min(fsum_norm(before), 1.2)
         assert fsum_norm(after) == pytest.approx(target, rel=2.0 ** -9)
+
+
+def test_zero_d_is_a_dead_block_only_without_a_minimum(tmp_path):
+    rng = np.random.default_rng(4)
+    q8 = bytearray(blocks_for("Q8_0", ROWS, COLS, rng))
+    q8[34 * 17:34 * 17 + 2] = bytes(2)  # row 1, block 1: every value 0
+    q4k = bytearray(blocks_for("Q4_K", ROWS, COLS, rng))
+    q4k[144 * 4 + 2:144 * 4 + 4] = bytes(2)  # a zero dmin: an ordinary block
+    gh.write_gguf(tmp_path / "z.gguf", gh.GgufSpec(tensors=[gh.Tensor("blk.3.attn_v.weight", (ROWS, COLS), 8, bytes(q8)),
+                                                          gh.Tensor("blk.3.ffn_up.weight", (ROWS, COLS), 12, bytes(q4k))]))
+    result = run("report", tmp_path / "z.gguf")
+    assert result.exit_code == 0
+    assert result.stderr.splitlines() == [f"Warning: {tmp_path / 'z.gguf'}: blk.3.attn_v.weight: 1 zero scale(s) in "
+                                          "blk.3.attn_v.weight d (dead blocks: their values are all 0), first at block "
+                                          "[1, 1]"]
+    scales = {t["name"]: t["quantization"]["scales"] for t in report_json(tmp_path / "z.gguf")["tensors"]}
+    d, dmin = scales["blk.3.ffn_up.weight"]
+    assert (d["zero"], dmin["zero"], dmin["smallest"] > 0) == (0, 0, True)

@@ -348,31 +348,42 @@ class BlockReducer:
 
 def _scan_fields(findings: Findings, e: GgmlBlocks, part: np.ndarray, first_block: int) -> None:
     """Count NaN/Inf in every f16 scale field of the blocks, and zero ``d`` where a zero
-    ``d`` means a dead block (types without a minimum: all its values are 0)."""
+    ``d`` means a dead block (types without a minimum: all its values are 0).
+
+    Integer tests on the fields' bits, read in place (a strided view where the block size
+    and the field's offset are even): the magnitude of an f16 orders like its bits."""
     blocks = np.asarray(part, np.uint8).reshape(-1, e.block_bytes)
     fields = gb.GGML_TYPES[e.type_id].scale_fields
     grid = e.shape[:-1] + (e.row // e.block_elements,) if e.shape else (e.blocks,)
     for index, (at, _) in enumerate(fields):
         label = "d" if index == 0 else ("dmin" if e.block_elements == 256 else "m")
         found = findings.scales.setdefault(label, ScaleFindings(f"{e.name} {label}", grid))
-        bits = np.ascontiguousarray(blocks[:, at:at + 2]).view(e.byteorder + "u2")[:, 0]
-        if index == 0 and len(fields) == 1:
-            found.add(bits.astype(np.uint16).view(np.float16).astype(np.float64), first_block)
-            continue
-        # A minimum's zero (and a d's zero beside a minimum) is ordinary: only NaN/Inf count.
+        if e.block_bytes % 2 == 0 and at % 2 == 0 and blocks.flags.c_contiguous:
+            bits = blocks.view(e.byteorder + "u2")[:, at // 2]
+        else:
+            bits = np.ascontiguousarray(blocks[:, at:at + 2]).view(e.byteorder + "u2")[:, 0]
+        magnitude = bits & np.uint16(0x7FFF)
         found.count += bits.size
-        special = (bits & 0x7C00) == 0x7C00
+        special = magnitude >= 0x7C00
         if special.any():
-            nan = special & ((bits & 0x03FF) != 0)
+            nan = magnitude > 0x7C00
             found.nan += int(np.count_nonzero(nan))
             found.inf += int(np.count_nonzero(special & ~nan))
             bad = first_block + int(np.flatnonzero(special)[0])
             found.first_bad = bad if found.first_bad < 0 else min(found.first_bad, bad)
-        magnitude = (bits & 0x7FFF).astype(np.uint16)
-        usable = magnitude[(magnitude != 0) & ~special]
-        if usable.size:
-            found.smallest = min(found.smallest, float(usable.min().view(np.float16)))
-            found.largest = max(found.largest, float(usable.max().view(np.float16)))
+            magnitude = magnitude[~special]
+        zero = magnitude == 0
+        if index == 0 and len(fields) == 1 and zero.any():  # beside a minimum a zero d is ordinary
+            at_zero = first_block + int(np.flatnonzero((bits & np.uint16(0x7FFF)) == 0)[0])
+            found.zero += int(np.count_nonzero(zero))
+            found.first_zero = at_zero if found.first_zero < 0 else min(found.first_zero, at_zero)
+        if magnitude.size:
+            largest = int(magnitude.max())
+            smallest = int(magnitude.min()) if not zero.any() else int(magnitude[~zero].min(initial=0x7C00))
+            if largest:
+                found.largest = max(found.largest, float(np.uint16(largest).view(np.float16)))
+            if smallest < 0x7C00:
+                found.smallest = min(found.smallest, float(np.uint16(smallest).view(np.float16)))
 
 
 # --------------------------------------------------------------------------- reader
