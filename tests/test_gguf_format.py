@@ -384,6 +384,8 @@ def test_diff_of_two_quantization_levels_is_of_the_dequantized_values(tmp_path, 
     assert data["bytes_read"] <= sizes  # the blocks read, not the float64 values compared
     kind = gh.TYPE_IDS[level.upper()]
     for t in data["tensors"]:
+        assert (t["dtype_a"], t["dtype_b"]) == ("float16", level.upper())  # the type, not the scales' float16
+        assert t["note"] == f"dtypes differ (float16 vs {level.upper()}): compared as values"
         a = weights[t["name"]].astype(np.float16).astype(np.float64)
         with open_reader(tmp_path / f"model-{level}.gguf") as reader:
             raw = reader.read_part(t["name"], 0, reader.tensors[t["name"]].nbytes).tobytes()

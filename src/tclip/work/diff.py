@@ -107,11 +107,17 @@ class Remark(Tagged):
     kind: RemarkKind
 
 
+def _encoded_label(info: Any) -> str | None:
+    """What a quantized weight's dtype column shows (its encoding's label: ``Q4_K``, ``e4m3 xf32 128x128``)."""
+    return info.dtype_label if info.encoding is not None else None
+
+
 @dataclass
 class TensorDiff:
     """One matched pair (or a tensor only one side has).
 
-    ``dtype_a``/``dtype_b``: the stored dtypes (text for what is not a tensor, as its file describes it).
+    ``dtype_a``/``dtype_b``: the stored dtypes (text for what is not a tensor, as its file describes it);
+    ``label_a``/``label_b``: how a quantized weight's encoding is shown instead (``Q4_K``), else None.
     """
 
     name: str
@@ -131,6 +137,8 @@ class TensorDiff:
     outside: int = 0
     nonfinite_mismatch: int = 0
     note: Remark | None = None
+    label_a: str | None = None
+    label_b: str | None = None
 
     @property
     def differs(self) -> bool:
@@ -208,7 +216,8 @@ class DiffReport:
         tensors = []
         for t in self.tensors:
             item = asdict(t)
-            item["dtype_a"], item["dtype_b"] = dtype_text(t.dtype_a), dtype_text(t.dtype_b)
+            del item["label_a"], item["label_b"]
+            item["dtype_a"], item["dtype_b"] = dtype_text(t.dtype_a, t.label_a), dtype_text(t.dtype_b, t.label_b)
             item["status"] = t.status.value
             item["differs"] = t.differs
             tensors.append(item)
@@ -287,14 +296,15 @@ def diff_files(a: Path | str, b: Path | str, *, rtol: float = 0.0, atol: float =
             if not selection.matches(new):
                 continue
             info_a = reader_a.tensors[old]
-            entry = TensorDiff(old, new if new != old else None, list(info_a.shape), None, info_a.dtype)
+            entry = TensorDiff(old, new if new != old else None, list(info_a.shape), None, info_a.dtype,
+                               label_a=_encoded_label(info_a))
             if new not in reader_b.tensors:
                 entry.status = Status.ONLY_IN_A
                 report.tensors.append(entry)
                 continue
             names_b.discard(new)
             info_b = reader_b.tensors[new]
-            entry.shape_b, entry.dtype_b = list(info_b.shape), info_b.dtype
+            entry.shape_b, entry.dtype_b, entry.label_b = list(info_b.shape), info_b.dtype, _encoded_label(info_b)
             if tuple(info_a.shape) != tuple(info_b.shape):
                 entry.status = Status.SHAPE_DIFFERS
             elif not (_comparable(info_a) and _comparable(info_b)):
@@ -497,7 +507,8 @@ def _compare_pairs(reader_a: TensorReader, reader_b: TensorReader, pairs: list[t
             entry.cosine = 0.0
         else:
             entry.cosine = max(-1.0, min(1.0, ab / (entry.norm_a * entry.norm_b)))
-        if entry.dtype_a != entry.dtype_b:
-            entry.note = Remark(RemarkKind.DTYPES_DIFFER, f"dtypes differ ({dtype_text(entry.dtype_a)} vs "
-                                                          f"{dtype_text(entry.dtype_b)}): compared as values")
+        if entry.dtype_a != entry.dtype_b or entry.label_a != entry.label_b:
+            entry.note = Remark(RemarkKind.DTYPES_DIFFER, f"dtypes differ ({dtype_text(entry.dtype_a, entry.label_a)} "
+                                                          f"vs {dtype_text(entry.dtype_b, entry.label_b)}): compared "
+                                                          "as values")
 

@@ -45,9 +45,10 @@ def render_diff(report: DiffReport, console: Console, width: int | None, *, sort
         names = [t.name if t.name_b is None else f"{t.name} {symbols.arrow} {t.name_b}" for t in shown]
         dtypes, short = [], []
         for t in shown:
-            a, b = dtype_text(t.dtype_a), dtype_text(t.dtype_b)
+            a, b = dtype_text(t.dtype_a, t.label_a), dtype_text(t.dtype_b, t.label_b)
             dtypes.append(a if a == b else f"{a}/{b}")
-            short.append(_short(t.dtype_a) if a == b else f"{_short(t.dtype_a)}/{_short(t.dtype_b)}")
+            short_a = t.label_a or _short(t.dtype_a)
+            short.append(short_a if a == b else f"{short_a}/{t.label_b or _short(t.dtype_b)}")
         columns = [
             Column("shape", "shape", [Text(symbols.times.join(map(str, t.shape_a or [])) or "()") for t in shown],
                    drop=2),
