@@ -280,14 +280,28 @@ def test_global_clip_output_passes_the_gate_and_per_row_clip(tmp_path):
         assert t["max_slice_norm"] <= 0.8 * (1 + 2.0 ** -9), t["name"]
 
 
-def test_a_factor_that_would_make_scales_subnormal_is_refused(tmp_path):
+def test_a_factor_whose_subnormal_scales_miss_the_norm_is_refused(tmp_path):
     model(tmp_path / "m.gguf", types=["F32", "Q8_0"])
-    result = run("norm", "--clip", 0.01, tmp_path / "m.gguf")
-    assert result.exit_code == 1
-    assert "'blk.0.attn_q.weight' (Q8_0): the factor leaves 79 of its float16 block scales rounded by more than " \
-        "2**-9 (the first: the d of block [0, 0], " in result.stderr
-    assert "nothing was written" in result.stderr and len(result.stderr.splitlines()) == 1
-    assert not (tmp_path / "m.clipped.gguf").exists()
+    for extra, where in (((), "its norm"), (("--axes", 1), "its row 0 norm")):
+        result = run("norm", "--clip", 0.001, *extra, tmp_path / "m.gguf")
+        assert result.exit_code == 1
+        assert f"tensor 'blk.0.attn_q.weight' (Q8_0): rewriting its float16 block scales by " in result.stderr
+        assert f"leaves {where} at " in result.stderr and "more than 2**-9 off" in result.stderr
+        assert "nothing was written" in result.stderr and len(result.stderr.splitlines()) == 1
+        assert not (tmp_path / "m.clipped.gguf").exists()
+
+
+def test_real_q6_k_scales_among_the_subnormals_are_still_clipped(tmp_path):
+    """A Q6_K d is about 2e-5, already subnormal in f16: halving it rounds single blocks by
+    up to 2**-7, but the tensor's norm lands within 2**-9 and passes the gate."""
+    rng = np.random.default_rng(6)
+    raw = gh.random_blocks(14, 64 * 4096 // 256, rng, d=2.4e-5)
+    gh.write_gguf(tmp_path / "q6.gguf", gh.GgufSpec(tensors=[gh.Tensor("output.weight", (64, 4096), 14, raw)]))
+    norm = fsum_norm(reference("Q6_K", raw, 64))
+    ok("norm", "--clip", norm / 2, tmp_path / "q6.gguf")
+    after = fsum_norm(reference("Q6_K", data_of(tmp_path / "q6.clipped.gguf", "output.weight"), 64))
+    assert after == pytest.approx(norm / 2, rel=2.0 ** -9)
+    assert run("report", "--max-norm", norm / 2, tmp_path / "q6.clipped.gguf").exit_code == 0
 
 
 def test_value_clipping_and_unsupported_types_are_refused(tmp_path):

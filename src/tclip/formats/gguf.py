@@ -35,6 +35,7 @@ from ..core import ggml_blocks as gb
 from ..core.kernels import UnitMoments, reduce_unit
 from ..core.quant import Findings, ScaleFindings
 from ..errors import FormatError, TclipError, UnsupportedError
+from ..messages import Option
 from ._gguf_header import GGUF_MAGIC, GgufArray, GgufHeader, GgufLongString, GgufTensor, parse_gguf
 from ._io import copy_except, flat_result, pread_into
 from .atomic import AtomicOutput
@@ -60,10 +61,10 @@ BF16 = 30
 QUANTIZED = frozenset(t for t in gb.GGML_TYPES if gb.is_supported(t) and gb.can_scale(t))
 # Bytes of blocks read at once by a rescale or a value source.
 _BAND_BYTES = 8 << 20
-# How far a rescaled f16 scale field may be from its exact product, relative: the --max-norm
-# gate's tolerance for float16 (a clipped tensor's norm then passes it). Normal results are
-# within 2**-11; only products deep in the subnormals (below about 2**-16) or flushed to
-# zero are farther.
+# How far a rescaled tensor's norm (or row's, with one factor per row) may land from the
+# factor times the old one, relative: the max_norm gate's tolerance for float16, so a clipped
+# tensor passes it. Rounding normal f16 scales moves a block by at most 2**-11 and a tensor's
+# norm by far less; only scales pushed deep among the subnormals move it more.
 MAX_SCALE_ROUNDING = 2.0 ** -9
 
 
@@ -102,6 +103,11 @@ def _row_factors(factor: np.ndarray, rows: int) -> np.ndarray | None:
     if factor.size != rows:
         raise ValueError(f"{factor.size} factors for {rows} rows")
     return factor.reshape(-1)
+
+
+def _row_text(row: int, shape: tuple[int, ...]) -> str:
+    where = np.unravel_index(row, shape[:-1]) if len(shape) > 2 else (row,)
+    return str(int(where[0])) if len(where) == 1 else str(tuple(int(i) for i in where))
 
 
 def _check_factors(factor: np.ndarray) -> None:
@@ -143,24 +149,8 @@ class GgmlBlocks(Encoding):
         """The file offset (relative to the tensor) of the block holding ``element``."""
         return element // self.block_elements * self.block_bytes
 
-    def scaled_or_refused(self, raw: np.ndarray, first: int, factor: float | np.ndarray | None,
-                          path: object) -> np.ndarray:
-        """:meth:`scaled`, its refusal one error naming the tensor (nothing is written)."""
-        try:
-            return self.scaled(raw, first, factor)
-        except ValueError as error:
-            raise UnsupportedError(f"tensor {self.name!r} ({self._summary.scheme}): {error}; nothing was written",
-                                   path) from None
-
     def scaled(self, raw: np.ndarray, first: int, factor: float | np.ndarray | None) -> np.ndarray:
-        """Blocks starting at element ``first`` as a rescale by ``factor`` writes them.
-
-        Raises:
-            ValueError: a scale field would be rounded by more than :data:`MAX_SCALE_ROUNDING`
-                of its exact product (a product far down in f16's subnormals, or flushed to
-                zero): its block's values would not be the factor times the old ones within
-                the float16 tolerance of the ``max_norm`` gate.
-        """
+        """Blocks starting at element ``first`` as a rescale by ``factor`` writes them."""
         if factor is None:
             return raw
         blocks = np.asarray(raw, np.uint8).reshape(-1, self.block_bytes)
@@ -180,34 +170,45 @@ class GgmlBlocks(Encoding):
                 out[chosen] = gb.scale_blocks(self.type_id, blocks[chosen].reshape(-1), float(value),
                                               self.byteorder).data.reshape(-1, self.block_bytes)
             out = out.reshape(-1)
-        self._check_rounding(blocks, out.reshape(-1, self.block_bytes), factors, first)
         return out
 
-    def _check_rounding(self, old: np.ndarray, new: np.ndarray, factors: float | np.ndarray, first: int) -> None:
-        """Refuse scale fields rounded farther than :data:`MAX_SCALE_ROUNDING` from their exact
-        products: ``d`` relative to itself, a minimum relative to the larger of itself and ``d``
-        (a minimum far below its block's ``d`` moves the values by a part of ``d`` only)."""
-        fields = gb.GGML_TYPES[self.type_id].scale_fields
-        exact_d = None
-        for index, (at, _) in enumerate(fields):
-            was = np.ascontiguousarray(old[:, at:at + 2]).view(self.byteorder + "f2")[:, 0].astype(np.float64)
-            now = np.ascontiguousarray(new[:, at:at + 2]).view(self.byteorder + "f2")[:, 0].astype(np.float64)
-            with np.errstate(invalid="ignore", over="ignore"):
-                exact = was * factors  # f16 times float64: exact but for a float64 rounding
-                size = np.abs(exact) if exact_d is None else np.maximum(np.abs(exact), np.abs(exact_d))
-                far = (np.abs(now - exact) > MAX_SCALE_ROUNDING * size) & np.isfinite(size) & (size != 0)
-            if index == 0:
-                exact_d = exact
-            if far.any():
-                block = first // self.block_elements + int(np.flatnonzero(far)[0])
-                per = self.row // self.block_elements
-                where = f"[{block // per}, {block % per}]" if len(self.shape) > 1 else str(block)
-                factor = float(np.broadcast_to(factors, was.shape)[far][0])
-                raise ValueError(f"the factor leaves {int(np.count_nonzero(far)):,} of its float16 block scales "
-                                 f"rounded by more than 2**-9 (the first: the {'d' if index == 0 else 'minimum'} "
-                                 f"of block {where}, {float(was[far][0]):.4g} x {factor:.4g}, is below what float16 "
-                                 "holds with precision), so its values would not be scaled by the factor; requantize "
-                                 "it (llama.cpp) rather than clip it, or leave it out")
+    def add_row_squares(self, raw: np.ndarray, first: int, out: np.ndarray) -> None:
+        """Add the exact sums of squares of blocks starting at element ``first`` to their rows' entries."""
+        blocks = raw.size // self.block_bytes
+        if not blocks:
+            return
+        per = self.row // self.block_elements
+        row = first // self.row
+        if first % self.row == 0 and blocks % per == 0:  # whole rows
+            sums = gb.block_stats(self.type_id, raw, self.byteorder, group_blocks=per, extremes=False)
+            out[row:row + blocks // per] += sums.sum_of_squares
+        else:  # a piece of one long row
+            out[row] += gb.block_stats(self.type_id, raw, self.byteorder, group_blocks=blocks,
+                                       extremes=False).sum_of_squares[0]
+
+    def check_landing(self, before: np.ndarray, after: np.ndarray, factor: np.ndarray, path: object) -> None:
+        """Refuse a rescale whose result is not the factor times the old values within
+        :data:`MAX_SCALE_ROUNDING` of the norm: the whole tensor's for one factor, each row's
+        for one factor per row (what ``max_norm`` then checks)."""
+        per_row = _row_factors(factor, self.rows)
+        if per_row is None:
+            checks = [(float(np.asarray(factor).reshape(-1)[0]), math.fsum(before), math.fsum(after), None)]
+        else:
+            checks = [(float(f), float(b), float(a), r) for r, (f, b, a) in enumerate(zip(per_row, before, after))
+                      if f != 1.0]
+        for f, squares_before, squares_after, row in checks:
+            if not (math.isfinite(squares_before) and math.isfinite(squares_after)) or squares_before == 0:
+                continue
+            target = f * math.sqrt(squares_before)
+            landed = math.sqrt(squares_after)
+            if abs(landed - target) > MAX_SCALE_ROUNDING * target:
+                where = "" if row is None else f"row {_row_text(row, self.shape)} "
+                raise UnsupportedError((f"tensor {self.name!r} ({self._summary.scheme}): rewriting its float16 block "
+                                        f"scales by {f:.4g} leaves its {where}norm at {landed:.6g} instead of "
+                                        f"{target:.6g} ({landed / target - 1:+.2g}, more than 2**-9 off: the new scales "
+                                        "fall among float16's subnormals, which keep too few bits); nothing was "
+                                        "written. Requantize it (llama.cpp) rather than clip it, or leave it out "
+                                        "with ", Option.EXCLUDE), path)
 
     def source(self, reader: TensorReader, info: TensorInfo) -> "BlockValues":
         return BlockValues(reader, self)
@@ -225,11 +226,17 @@ class GgmlBlocks(Encoding):
             row_bytes = self.byte_of(self.row)
             band = max(self.block_bytes, _BAND_BYTES // max(row_bytes, 1) * row_bytes or
                        _BAND_BYTES // self.block_bytes * self.block_bytes)
-            for start in range(0, self.nbytes, band):
-                stop = min(self.nbytes, start + band)
-                raw = np.asarray(reader.read_part(self.name, start, stop), np.uint8)
-                first = start // self.block_bytes * self.block_elements
-                writer.write_flat(self.name, start, self.scaled_or_refused(raw, first, factor, reader.path))
+            before, after = np.zeros(self.rows), np.zeros(self.rows)  # each row's exact sum of squares
+            with np.errstate(invalid="ignore", over="ignore"):
+                for start in range(0, self.nbytes, band):
+                    stop = min(self.nbytes, start + band)
+                    raw = np.asarray(reader.read_part(self.name, start, stop), np.uint8)
+                    first = start // self.block_bytes * self.block_elements
+                    new = self.scaled(raw, first, factor)
+                    self.add_row_squares(raw, first, before)
+                    self.add_row_squares(new, first, after)
+                    writer.write_flat(self.name, start, new)
+            self.check_landing(before, after, factor, reader.path)  # (the output is not committed yet)
             return self.nbytes
         return [(self.name, job)]
 
@@ -314,7 +321,7 @@ class BlockReducer:
     def read(self, start: int, stop: int, out: np.ndarray | None) -> np.ndarray:
         e = self.encoding
         raw = np.asarray(self.reader.read_part(e.name, e.byte_of(start), e.byte_of(stop)), np.uint8)
-        return e.scaled_or_refused(raw, start, self.factor, self.reader.path)
+        return e.scaled(raw, start, self.factor)
 
     def reduce(self, raw: np.ndarray, grid: Any, first: int, stop: int, stats: Any, scratch: Any
                ) -> tuple[list[tuple], Findings | None]:
