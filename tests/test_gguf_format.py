@@ -517,8 +517,9 @@ def test_zero_d_is_a_dead_block_only_without_a_minimum(tmp_path):
     q8[34 * 17:34 * 17 + 2] = bytes(2)  # row 1, block 1: every value 0
     q4k = bytearray(blocks_for("Q4_K", ROWS, COLS, rng))
     q4k[144 * 4 + 2:144 * 4 + 4] = bytes(2)  # a zero dmin: an ordinary block
-    gh.write_gguf(tmp_path / "z.gguf", gh.GgufSpec(tensors=[gh.Tensor("blk.3.attn_v.weight", (ROWS, COLS), 8, bytes(q8)),
-                                                          gh.Tensor("blk.3.ffn_up.weight", (ROWS, COLS), 12, bytes(q4k))]))
+    tensors = [gh.Tensor("blk.3.attn_v.weight", (ROWS, COLS), 8, bytes(q8)),
+               gh.Tensor("blk.3.ffn_up.weight", (ROWS, COLS), 12, bytes(q4k))]
+    gh.write_gguf(tmp_path / "z.gguf", gh.GgufSpec(tensors=tensors))
     result = run("report", tmp_path / "z.gguf")
     assert result.exit_code == 0
     assert result.stderr.splitlines() == [f"Warning: {tmp_path / 'z.gguf'}: blk.3.attn_v.weight: 1 zero scale(s) in "

@@ -205,8 +205,8 @@ class GgmlBlocks(Encoding):
                 where = "" if row is None else f"row {_row_text(row, self.shape)} "
                 raise UnsupportedError((f"tensor {self.name!r} ({self._summary.scheme}): rewriting its float16 block "
                                         f"scales by {f:.4g} leaves its {where}norm at {landed:.6g} instead of "
-                                        f"{target:.6g} ({landed / target - 1:+.2g}, more than 2**-9 off: the new scales "
-                                        "fall among float16's subnormals, which keep too few bits); nothing was "
+                                        f"{target:.6g} ({landed / target - 1:+.2g}, more than 2**-9 off: the new "
+                                        "scales fall among float16's subnormals, which keep too few bits); nothing was "
                                         "written. Requantize it (llama.cpp) rather than clip it, or leave it out "
                                         "with ", Option.EXCLUDE), path)
 
