@@ -26,8 +26,8 @@ from collections.abc import Callable
 import ml_dtypes
 import numpy as np
 
-from tclip.kernels import Scratch, reduce_unit, scale_unit, widen
-from tclip.units import UNIT_ELEMENTS
+from tclip.core.kernels import Scratch, reduce_unit, scale_unit, widen
+from tclip.core.units import UNIT_ELEMENTS
 
 DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 ROWS = 64

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -185,3 +187,31 @@ def test_float32_in_one_call_with_specials(factor):
     factors = np.random.default_rng(37).uniform(0, 2, (50, 1))
     factors[3:40] = 1.0
     same_as_reference(x, factors, Scratch())
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16, np.float32, np.float64])
+@pytest.mark.parametrize("values", ["mixed", "negative", "positive", "zeros", "tiny", "nonfinite"])
+def test_extremes_from_the_stored_bits_are_those_of_the_values(dtype, values):
+    """reduce_unit finds min and max of binary floats from their bit patterns: the same as
+    the float64 values' min and max, whatever the signs, zeros and subnormals."""
+    from tclip.core.kernels import reduce_unit
+
+    rng = np.random.default_rng(11)
+    pick = {"mixed": rng.standard_normal(4096) * 3,
+            "negative": -np.abs(rng.standard_normal(4096)) - 0.5,
+            "positive": np.abs(rng.standard_normal(4096)) + 0.5,
+            "zeros": rng.choice([0.0, -0.0], 4096),
+            "tiny": rng.choice([0.0, -0.0, 1e-42, -1e-42, 3e-8, -3e-8, 1e-300, -1e-300], 4096),
+            "nonfinite": np.where(rng.random(4096) < 0.01, np.inf, rng.standard_normal(4096))}[values]
+    with np.errstate(over="ignore", under="ignore"):
+        x = pick.astype(dtype).reshape(64, 64)
+    wide = x.astype(np.float64)
+    finite = wide[np.isfinite(wide)]
+    _, smallest, largest, nans, infs, _ = reduce_unit(x, Scratch())
+    assert (smallest, largest) == (float(wide.min()), float(wide.max()))
+    if smallest == 0 and largest == 0:  # IEEE 754-2019 minimum and maximum: -0 < +0
+        signs = np.signbit(wide)
+        assert math.copysign(1, smallest) == (-1 if signs.any() else 1)
+        assert math.copysign(1, largest) == (1 if not signs.all() else -1)
+    assert infs == int(np.count_nonzero(np.isinf(wide))) and nans == 0
+    assert finite.size > 0

@@ -251,7 +251,11 @@ def reduce_unit(x: np.ndarray, scratch: Scratch | None = None, axes: tuple[int, 
         wide = wide.reshape(x.shape)
     if wide.dtype == np.complex128:
         return _reduce_complex(wide, axes, l1)
-    smallest, largest = (float(wide.min()), float(wide.max())) if wide.size and extremes else (math.inf, -math.inf)
+    by_bits = extremes and wide.size and _ordered_bits(x) is not None
+    if by_bits:  # found after the sum, from the stored bits (below)
+        smallest, largest = math.inf, -math.inf
+    else:
+        smallest, largest = (float(wide.min()), float(wide.max())) if wide.size and extremes else (math.inf, -math.inf)
     # Squared in place when the float64 copy is this function's own and nothing below needs
     # its values (the NaN path widens again): the unit's working set stays one buffer.
     # Measured, squares + sum: 0.99 -> 0.54 ns an element (float32, one core).
@@ -268,6 +272,11 @@ def reduce_unit(x: np.ndarray, scratch: Scratch | None = None, axes: tuple[int, 
     nans = infs = 0
     if not finite and extremes and in_place:
         wide = widen(x, scratch)  # the squares took its place (sum_sq is a copy)
+    if by_bits:
+        if finite:  # no NaN or Inf: the order of the bit patterns is the order of the values
+            smallest, largest = _extremes_from_bits(x)
+        else:
+            smallest, largest = float(wide.min()), float(wide.max())
     values = wide
     if not finite and extremes:
         nan_mask = np.isnan(wide)
@@ -282,6 +291,46 @@ def reduce_unit(x: np.ndarray, scratch: Scratch | None = None, axes: tuple[int, 
     if l1 and values.size:
         sum_abs = float(np.add.reduce(np.abs(values.reshape(-1))))
     return sum_sq, smallest, largest, nans, infs, sum_abs
+
+
+_SIGNED = {2: np.int16, 4: np.int32, 8: np.int64}
+
+
+def _ordered_bits(x: np.ndarray) -> np.ndarray | None:
+    """``x``'s bits as signed integers of its width (a flat view), for binary floats of this
+    machine's byte order stored contiguously (float16, bfloat16, float32, float64); else None."""
+    if not x.flags.c_contiguous or x.dtype.byteorder not in "=<|" or x.dtype.itemsize not in _SIGNED:
+        return None
+    if not (x.dtype in (np.float16, np.float32, np.float64) or x.dtype == _BFLOAT16):
+        return None
+    return x.reshape(-1).view(_SIGNED[x.dtype.itemsize])
+
+
+def _extremes_from_bits(x: np.ndarray) -> tuple[float, float]:
+    """The smallest and largest of ``x`` (no NaN or Inf in it) from its bit patterns.
+
+    A binary float is sign and magnitude: read as a signed integer, the non-negative
+    values keep their order, and every negative value (sign bit set) reads as negative.
+    So the largest value is the largest signed pattern when that is non-negative, else
+    (all negative) the negative of least magnitude, the smallest unsigned pattern; the
+    smallest value is the largest unsigned pattern when that has the sign bit (a negative
+    of greatest magnitude), else the smallest signed pattern. Two integer reductions over
+    the stored width instead of two float64 ones over the widened copy (measured on
+    bfloat16: 0.54 -> 0.06 ns an element). Zeros: -0 is smaller than +0.
+    """
+    signed = _ordered_bits(x)
+    assert signed is not None
+    unsigned = signed.view(signed.dtype.str.replace("i", "u"))
+    pair = np.empty(2, unsigned.dtype)  # the two patterns, as unsigned integers
+    top = signed.max()
+    pair[1] = np.asarray(top).view(unsigned.dtype) if top >= 0 else unsigned.min()
+    bottom = unsigned.max()
+    if bottom >> (8 * unsigned.itemsize - 1):  # the sign bit: a negative value is there
+        pair[0] = bottom
+    else:
+        pair[0] = np.asarray(signed.min()).view(unsigned.dtype)
+    values = pair.view(x.dtype)
+    return float(values[0]), float(values[1])
 
 
 def _add_moments(values: np.ndarray, moments: UnitMoments) -> None:
