@@ -184,3 +184,23 @@ def test_across_files_with_one_file_twice_is_an_error(tmp_path, monkeypatch):
             assert "two files" not in result.stderr
             assert len(result.stderr.splitlines()) == 1
     assert not (tmp_path / "out").exists()
+
+
+def test_a_folder_with_model_safetensors_and_a_bin_index_takes_model_safetensors(tmp_path):
+    # An unsharded safetensors checkpoint beside the sharded .bin set it was converted from:
+    # from_pretrained loads model.safetensors, and so does the folder here, with a note.
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    single = folder / "model.safetensors"
+    single.write_bytes(safetensors_bytes({"model.norm.weight": np.array([3, 4], np.float32)}))
+    (folder / "pytorch_model.bin.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {"model.norm.weight": "pytorch_model-00001-of-00002.bin",
+                                        "lm_head.weight": "pytorch_model-00002-of-00002.bin"}}))
+    report = run("report", "--json", folder)
+    assert report.exit_code == 0, report.stderr
+    lines = [json.loads(line) for line in report.stdout.splitlines()]
+    assert [line["file"] for line in lines] == [str(single)] and lines[0]["global_norm"] == 5.0
+    assert "using model.safetensors" in report.stderr and "pytorch_model.bin.index.json" in report.stderr
+    clip = run("global", "--clip", "1", "--out-dir", tmp_path / "out", folder)
+    assert clip.exit_code == 0, clip.stderr
+    assert (tmp_path / "out" / "model.safetensors").is_file()

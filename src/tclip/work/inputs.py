@@ -94,15 +94,25 @@ def is_tensor_file(path: Path) -> bool:
 
 
 SAFETENSORS_INDEX_SUFFIX = ".safetensors.index.json"
+SAFETENSORS_SINGLE = "model.safetensors"  # an unsharded Hugging Face checkpoint's weights
 
 
 def folder_indexes(folder: Path, notes: list[tuple[str, Note]] | None = None) -> list[Path]:
     """The indexes a folder stands for. Hugging Face repositories often ship the same
-    weights twice (``model.safetensors.index.json`` and ``pytorch_model.bin.index.json``);
-    as ``from_pretrained`` does, the safetensors index is taken and the others left, with
-    a note in ``notes`` (folder, note)."""
+    weights twice (``model.safetensors.index.json`` and ``pytorch_model.bin.index.json``,
+    or an unsharded ``model.safetensors`` beside a sharded ``.bin`` set); as
+    ``from_pretrained`` does, the safetensors index (or ``model.safetensors``, then the
+    one path returned) is taken and the others left, with a note in ``notes`` (folder, note)."""
     indexes = sorted(Path(folder).glob("*.index.json"), key=lambda p: natural_key(p.name))
     safe_ones = [p for p in indexes if p.name.endswith(SAFETENSORS_INDEX_SUFFIX)]
+    single = Path(folder) / SAFETENSORS_SINGLE
+    if indexes and not safe_ones and single.is_file():
+        # from_pretrained loads model.safetensors before any .bin index: so does the folder here
+        if notes is not None:
+            notes.append((str(folder), Note(NoteKind.INDEX_CHOSEN, (
+                f"holds {SAFETENSORS_SINGLE} and {', '.join(p.name for p in indexes)}; using {SAFETENSORS_SINGLE} "
+                f"(as Hugging Face's from_pretrained does) and leaving {', '.join(p.name for p in indexes)}"))))
+        return [single]
     if not safe_ones or len(safe_ones) == len(indexes):
         return indexes
     left = [p.name for p in indexes if p not in safe_ones]
