@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
+import math
 import os
 import shutil
 import signal
@@ -147,7 +149,7 @@ def test_a_hang_walking_the_structure_is_bounded(tmp_path, monkeypatch):
     sleeper = tmp_path / "sleep.sh"  # stands in for a child stuck in the library
     sleeper.write_text("#!/bin/sh\nexec sleep 600\n")
     sleeper.chmod(0o755)
-    monkeypatch.setattr(h5probe.sys, "executable", str(sleeper))
+    monkeypatch.setattr(sys, "executable", str(sleeper))
     monkeypatch.setattr(h5probe, "WALK_SECONDS", 1)
     with time_limit(60), pytest.raises(FormatError, match="reading the file's structure took the HDF5 library more than 1 s"):
         open_reader(path)
@@ -230,3 +232,61 @@ def test_the_child_reads_what_tclip_reads(tmp_path):
         assert words.tolist() == [b"alpha", b"beta"]
         texts = child.other_values("text", 1 << 20)
         assert texts.dtype == object and texts[0] != texts[1]
+
+
+# ------------------------------------------------------------------ a child started early by the command line
+
+
+def small_h5(path: Path, value: float) -> Path:
+    with h5py.File(path, "w") as f:
+        f["model/dense/kernel"] = np.full((3, 4), value, np.float32)
+    return path
+
+
+def test_a_child_started_early_is_adopted_by_the_reader(tmp_path, monkeypatch):
+    from tclip import children
+
+    path = small_h5(tmp_path / "m.h5", 0.5)
+    children.prestart(["report", "--json", str(path)])
+    assert len(children._SPARES) == 1
+    # the reader must not start a child of its own: it adopts the one started early
+    monkeypatch.setattr(h5probe.subprocess, "Popen", lambda *a, **k: pytest.fail("a second child was started"))
+    with open_reader(path) as reader:
+        assert reader.read("model/dense/kernel").tolist() == np.full((3, 4), 0.5, np.float32).tolist()
+    assert children._SPARES == {}
+
+
+def test_a_child_started_on_a_file_replaced_since_is_not_adopted(tmp_path):
+    from tclip import children
+
+    path = small_h5(tmp_path / "m.h5", 0.5)
+    children.prestart([str(path)])
+    (spare, _), = children._SPARES.values()
+    small_h5(tmp_path / "new.h5", 2.0).replace(path)  # another file under the name
+    with open_reader(path) as reader:
+        assert float(reader.read("model/dense/kernel")[0, 0]) == 2.0
+    assert children._SPARES == {} and spare.poll() is not None  # killed, not used
+
+
+def test_children_never_adopted_are_killed_and_odd_arguments_start_none(tmp_path):
+    from tclip import children
+
+    path = small_h5(tmp_path / "m.h5", 0.5)
+    os.mkfifo(tmp_path / "pipe.h5")
+    children.prestart(["--out-dir", str(tmp_path / "none.h5"), str(tmp_path / "pipe.h5"), str(tmp_path)])
+    assert children._SPARES == {}  # a missing file, a FIFO, a folder: nothing started
+    children.prestart([str(path)])
+    (spare, _), = children._SPARES.values()
+    children.discard_all()
+    assert children._SPARES == {} and spare.poll() is not None
+
+
+def test_the_command_line_runs_with_a_child_started_early(tmp_path):
+    path = small_h5(tmp_path / "m.h5", 0.5)
+    result = subprocess.run([sys.executable, "-c", "from tclip.cli.entry import main; main()", "report", "--json",
+                             str(path)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["global_norm"] == pytest.approx(0.5 * math.sqrt(12), rel=1e-15)
+    unused = subprocess.run([sys.executable, "-c", "from tclip.cli.entry import main; main()", "report", "--bogus",
+                             str(path)], capture_output=True, text=True, timeout=120)
+    assert unused.returncode == 2  # a usage error: the child started early is killed on the way out

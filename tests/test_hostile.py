@@ -156,7 +156,7 @@ def test_probe_crash_is_one_error(tmp_path, monkeypatch):
     crash = tmp_path / "crash.sh"
     crash.write_text("#!/bin/sh\nkill -SEGV $$\n")
     crash.chmod(0o755)
-    monkeypatch.setattr(h5probe.sys, "executable", str(crash))
+    monkeypatch.setattr(sys, "executable", str(crash))
     with pytest.raises(TclipError, match=r"the HDF5 library crashed \(SIGSEGV\) reading the file's structure"):
         open_reader(path)
 

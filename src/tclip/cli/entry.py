@@ -67,6 +67,9 @@ def main() -> None:
                 stream.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
             except (AttributeError, ValueError):
                 pass
+        from ..children import prestart
+
+        prestart(sys.argv[1:])  # the HDF5 child imports its libraries while tclip imports its own
         from .commands import cli
 
         code = cli.main(prog_name="tclip", standalone_mode=False) or 0

@@ -33,13 +33,13 @@ import select
 import signal
 import struct
 import subprocess
-import sys
 import threading
 import time
 import weakref
 from pathlib import Path
 from typing import Any
 
+from ..children import child_command, take
 from ..errors import FormatError, TclipError, UnsupportedError
 
 # The walk of a file of a few MiB takes well under a second; a hang is refused after this
@@ -57,27 +57,6 @@ _FRAME = struct.Struct("<II")
 def isolated() -> bool:
     """Whether the HDF5 library's work runs in a child (the default) or in this process."""
     return os.environ.get("TCLIP_HDF5_PROBE", "1") != "0"
-
-
-def child_command(*args: str) -> list[str]:
-    """The child's command line: an isolated interpreter (``-I``: no current folder, no
-    PYTHONPATH, no user site on ``sys.path``; ``-B``: no bytecode written), told exactly
-    where tclip and the libraries it imports live.
-
-    ``python -m`` would put the current folder first on ``sys.path``: an ``h5py.py`` or
-    ``numpy.py`` there would run in the child (and could make the check pass). The
-    folders named here are the ones this process imported them from; each is absolute.
-    """
-    source = str(Path(__file__).resolve().parents[2])  # the folder holding the tclip package
-    modules = [sys.modules.get(name) for name in ("numpy", "h5py", "ml_dtypes", "hdf5plugin")]
-    libraries = [str(Path(module.__file__).resolve().parents[1]) for module in modules
-                 if module is not None and getattr(module, "__file__", None)]
-    # tclip's folder first (as PYTHONPATH would put it); the libraries' after the
-    # interpreter's own, where an isolated child finds them anyway (a venv's site-packages).
-    code = (f"import sys; sys.path.insert(0, {source!r}); "
-            f"sys.path += [p for p in {libraries!r} if p not in sys.path]; "
-            "from tclip.formats._h5walk import main; sys.exit(main())")
-    return [sys.executable, "-I", "-B", "-c", code, *args]
 
 
 class ChildGone(Exception):
@@ -123,9 +102,11 @@ class Child:
         self._lock = threading.Lock()
         self._busy = False
         self.process: subprocess.Popen[bytes] | None = None
+        command = child_command(mode, os.fspath(file))
         try:
-            self.process = subprocess.Popen(child_command(mode, os.fspath(file)), stdin=subprocess.PIPE,
-                                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+            # one the command line started early on this very file, or a new one
+            self.process = take(command, os.fspath(file)) or subprocess.Popen(
+                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         except OSError as error:
             raise FormatError(f"cannot start the process that reads HDF5 files ({error.strerror or error}); "
                               "TCLIP_HDF5_PROBE=0 reads files you trust in tclip's own process", path) from None

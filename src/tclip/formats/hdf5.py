@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 
+from ..children import HDF5_SUFFIXES
 from ..core.dtypes import ML_FLOAT_TYPES
 from ..core.units import Index, flat_rectangles
 from ..errors import FormatError, UnsupportedError
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
     import h5py
 
 NAME = "hdf5"
-SUFFIXES = (".h5", ".hdf5")
+SUFFIXES = HDF5_SUFFIXES  # (the command line starts the HDF5 child early for these)
 HOLDS_METADATA = True
 # Keras 3 loads weights only from names ending so: tclip's outputs keep the ending whole.
 KEPT_ENDINGS = (".weights.h5",)
