@@ -98,7 +98,7 @@ def prestart(arguments: list[str], limit: int = 2) -> None:
             atexit.register(discard_all)
         old = _SPARES.pop(tuple(command), None)
         if old is not None:
-            _kill(old[0])
+            kill_process(old[0])
         _SPARES[tuple(command)] = (process, key)
         started += 1
 
@@ -111,7 +111,7 @@ def take(command: list[str], file: str) -> subprocess.Popen[bytes] | None:
         return None
     process, key = spare
     if key != identity(file) or process.poll() is not None:
-        _kill(process)
+        kill_process(process)
         return None
     return process
 
@@ -120,15 +120,16 @@ def discard_all() -> None:
     """Kill every child started early and never adopted."""
     while _SPARES:
         _, (process, _) = _SPARES.popitem()
-        _kill(process)
+        kill_process(process)
 
 
-def _kill(process: subprocess.Popen[bytes]) -> None:
+def kill_process(process: subprocess.Popen[bytes]) -> None:
+    """Kill a child, reap it and close its pipes."""
     try:
         process.kill()
-        process.wait(timeout=5)
-    except (OSError, subprocess.TimeoutExpired):
+    except OSError:
         pass
+    process.wait()
     for stream in (process.stdin, process.stdout):
         try:
             if stream is not None:

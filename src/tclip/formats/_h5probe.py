@@ -39,7 +39,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from ..children import child_command, take
+from ..children import child_command, kill_process, take
 from ..errors import FormatError, TclipError, UnsupportedError
 
 # The walk of a file of a few MiB takes well under a second; a hang is refused after this
@@ -167,19 +167,8 @@ class Child:
 
     def kill(self) -> None:
         process, self.process = self.process, None
-        if process is None:
-            return
-        try:
-            process.kill()
-        except OSError:
-            pass
-        process.wait()
-        for stream in (process.stdin, process.stdout):
-            try:
-                if stream is not None:
-                    stream.close()
-            except OSError:
-                pass
+        if process is not None:
+            kill_process(process)
 
     # ------------------------------------------------------------------ the pipes
 
