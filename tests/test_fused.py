@@ -1,0 +1,233 @@
+"""The fused C statistics loop (tclip.core._fused) gives NumPy's bits, or is not used.
+
+reduce_unit takes the C loop for a whole unit's sum of squares and extremes; these
+tests hold every result of it against the NumPy code it stands in for (the module's
+``_fused`` set to None), with its AVX2 copies and with its baseline ones.
+"""
+
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+from test_same_bits import random_values
+
+import tclip.core.kernels as kernels
+from tclip.core.kernels import Scratch, reduce_unit
+
+DTYPES = [np.float16, ml_dtypes.bfloat16, np.float32, np.float64]
+SIZES = [1, 2, 7, 8, 9, 17, 127, 128, 129, 1000, 8191, 8192, 8193, 20_011, 65_536, 100_003, 1 << 18]
+
+
+def test_the_extension_is_built():
+    """setup.py builds it wherever a C compiler is (CI has one): a silent fallback would
+    leave every fast-path test below comparing NumPy with itself."""
+    assert kernels._fused is not None, "tclip.core._fused was not built: pip install -e . with a C compiler"
+    assert kernels.fused_chunk() > 0
+
+
+@pytest.fixture(params=["avx2", "baseline"])
+def copies(request):
+    wanted = request.param == "avx2"
+    in_use = kernels._fused.set_avx2(wanted)
+    if wanted and not in_use:
+        pytest.skip("this CPU has no AVX2")
+    yield
+    kernels._fused.set_avx2(True)
+
+
+def numpy_way(x, **kw):
+    saved = kernels._fused
+    kernels._fused = None
+    try:
+        return reduce_unit(x, Scratch(max(1, x.size)), **kw)
+    finally:
+        kernels._fused = saved
+
+
+def assert_same(fast, slow):
+    assert len(fast) == len(slow)
+    for a, b in zip(fast, slow):
+        assert type(a) is type(b) or (isinstance(a, float) and isinstance(b, float))
+        if isinstance(a, float) and a == 0:
+            assert math.copysign(1, a) == math.copysign(1, b), (fast, slow)
+        assert a == b or (a != a and b != b), (fast, slow)
+
+
+def uses_fused(x):
+    return kernels._reduce_fused(x, True) is not None
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("n", SIZES)
+def test_sums_and_extremes_are_numpys(dtype, n, copies):
+    for seed, spread in ((n, 30), (n + 1, 3)):
+        with np.errstate(over="ignore"):
+            x = random_values(dtype, n, seed, spread)
+        assert uses_fused(x)
+        assert_same(reduce_unit(x, Scratch(n)), numpy_way(x))
+        assert_same(reduce_unit(x, Scratch(n), extremes=False), numpy_way(x, extremes=False))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("values", ["negative", "positive", "zeros", "minus zeros", "one", "subnormal"])
+def test_signs_and_zeros(dtype, values, copies):
+    rng = np.random.default_rng(5)
+    tiny = float((ml_dtypes.finfo if dtype == ml_dtypes.bfloat16 else np.finfo)(dtype).smallest_subnormal)
+    pick = {"negative": -np.abs(rng.standard_normal(3000)) - 0.25,
+            "positive": np.abs(rng.standard_normal(3000)) + 0.25,
+            "zeros": rng.choice([0.0, -0.0], 3000),
+            "minus zeros": np.full(3000, -0.0),
+            "one": np.array([-2.5]),
+            "subnormal": rng.choice([tiny, -tiny, 0.0, -0.0], 3000)}[values]
+    x = pick.astype(dtype)
+    assert uses_fused(x)
+    assert_same(reduce_unit(x, Scratch(x.size)), numpy_way(x))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("special", [np.nan, np.inf, -np.inf])
+def test_nan_and_inf_go_the_numpy_way(dtype, special, copies):
+    """A unit whose sum of squares is not finite is counted by the NumPy code (NaN and Inf counts)."""
+    x = random_values(dtype, 5000, seed=3, spread=3)
+    x[[17, 4000]] = special
+    assert not uses_fused(x)
+    fast, slow = reduce_unit(x, Scratch(5000)), numpy_way(x)
+    assert_same(fast, slow)
+    assert (fast[3], fast[4]) == ((2, 0) if special != special else (0, 2))
+
+
+def test_huge_float32_squares_overflowing_go_the_numpy_way():
+    x = np.array([3e38, -3e38, 1.0], np.float32)  # finite values, squares that overflow float64? no: 9e76
+    assert_same(reduce_unit(x, Scratch(3)), numpy_way(x))
+    y = np.array([1e200, 1e200], np.float64)  # squares overflow float64: Inf sum, no Inf value
+    assert not uses_fused(y)
+    assert_same(reduce_unit(y, Scratch(2)), numpy_way(y))
+
+
+def test_shapes_and_layouts():
+    x = random_values(np.float32, 64 * 50, seed=9).reshape(64, 50)
+    assert uses_fused(x)
+    assert_same(reduce_unit(x, Scratch(x.size)), numpy_way(x))
+    column = x[:, 3]  # not contiguous: NumPy's way
+    assert not uses_fused(column)
+    big_endian = x.astype(">f4")
+    assert not uses_fused(big_endian)
+    assert_same(reduce_unit(big_endian, Scratch(x.size)), numpy_way(x))
+    # per-slice sums, L1 and moments stay NumPy's
+    assert_same(reduce_unit(x, Scratch(x.size), axes=(1,))[1:], numpy_way(x, axes=(1,))[1:])
+
+
+def test_the_probe_tells_the_two_orders_apart():
+    """fused_chunk's check can fail: on its probes, summing in chunks of 8,192 (older NumPy)
+    and in one run give different sums, and the one run is NumPy's here."""
+    sums = {}
+    for chunk in (1 << 62, 8192):
+        sums[chunk] = [kernels._fused.unit_stats(kernels._probe(n).view(np.uint8), 0, chunk)[0]
+                       for n in kernels.PROBE_SIZES]
+    assert sums[1 << 62] != sums[8192]
+    assert sums[1 << 62] == [float(np.add.reduce(kernels._probe(n) ** 2)) for n in kernels.PROBE_SIZES]
+
+
+def test_a_numpy_that_sums_in_another_order_turns_the_loop_off(monkeypatch):
+    monkeypatch.setattr(kernels, "_fused_state", {})
+    real = kernels._fused
+
+    class Skewed:  # a C loop that disagrees with NumPy in the last bit
+        @staticmethod
+        def unit_stats(data, kind, chunk):
+            total, low, high = real.unit_stats(data, kind, chunk)
+            return math.nextafter(total, math.inf), low, high
+
+    monkeypatch.setattr(kernels, "_fused", Skewed)
+    assert kernels.fused_chunk() == 0
+    x = random_values(np.float32, 1000, seed=1)
+    assert not uses_fused(x)
+    monkeypatch.setattr(kernels, "_fused", None)
+    expected = reduce_unit(x, Scratch(1000))
+    monkeypatch.setattr(kernels, "_fused", Skewed)
+    assert_same(reduce_unit(x, Scratch(1000)), expected)
+
+
+def test_the_loop_rejects_what_it_cannot_read():
+    with pytest.raises(ValueError):
+        kernels._fused.unit_stats(b"\0\0\0", 1, 8)  # not a whole float32
+    with pytest.raises(ValueError):
+        kernels._fused.unit_stats(b"\0\0\0\0", 7, 8)  # no such kind
+    with pytest.raises(ValueError):
+        kernels._fused.unit_stats(b"", 1, 8)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16, np.float32], ids=lambda d: np.dtype(d).name)
+def test_a_whole_file_report_is_the_same_either_way(tmp_path, dtype, monkeypatch):
+    """report_file over a safetensors file of many units, two threads, small blocks: the
+    same statistics to the bit with the C loop and without it."""
+    from safetensors.numpy import save_file
+
+    from tclip.work.clip import report_file
+
+    tensors = {f"model.layers.{i}.mlp.down_proj.weight": random_values(dtype, 300_000 + 7 * i, seed=i, spread=8)
+               .reshape(-1, 1) for i in range(3)}
+    path = tmp_path / "grads.safetensors"
+    save_file(tensors, str(path))
+    fast = report_file(path, threads=2, block_bytes=1 << 20)
+    monkeypatch.setattr(kernels, "_fused", None)
+    slow = report_file(path, threads=2, block_bytes=1 << 20)
+    assert fast.global_norm == slow.global_norm
+    for a, b in zip(fast.tensors, slow.tensors):
+        assert (a.name, a.norm, a.min, a.max) == (b.name, b.norm, b.min, b.max)
+
+
+# ------------------------------------------------------------------ the table lookups
+
+
+@pytest.fixture(params=["C", "NumPy"])
+def lookups(request, monkeypatch):
+    if request.param == "NumPy":
+        monkeypatch.setattr(kernels, "_fused", None)
+    return request.param
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2],
+                         ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("factor", [0.3, 1 / 3, 0.999999, 2.0 ** -20, 1e-300, 0.0, 7.5])
+def test_one_factor_through_the_table_every_value(dtype, factor, lookups):
+    from tclip.core.kernels import scale_unit
+    from tclip.core.modes import apply_scale
+
+    every = np.arange(1 << (8 * np.dtype(dtype).itemsize), dtype=np.uint16 if np.dtype(dtype).itemsize == 2
+                      else np.uint8).view(dtype)
+    x = np.roll(np.tile(every, 3), 77)  # ordinary values at both ends
+    assert scale_unit(x, factor, Scratch(x.size)) is None  # the table path
+    assert x.tobytes() == np.roll(np.tile(apply_scale(every, factor), 3), 77).tobytes()
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16], ids=lambda d: np.dtype(d).name)
+def test_per_row_tables_every_value(dtype, lookups, monkeypatch):
+    from test_kernel_steps import ROW_FACTORS, same_as_reference, tables_used
+
+    monkeypatch.setattr(kernels, "_ROW_TABLE_MISSES", 1)
+    used = tables_used(monkeypatch)
+    every = np.arange(1 << 16, dtype=np.uint16).view(dtype)
+    factors = np.array(ROW_FACTORS).reshape(-1, 1)
+    same_as_reference(np.tile(every, (len(ROW_FACTORS), 1)), factors, Scratch())
+    rng = np.random.default_rng(2)
+    x = (rng.standard_normal((300, 1100)) * 3).astype(dtype)  # more rows than one index group
+    same_as_reference(x, rng.uniform(0.01, 1, (300, 1)), Scratch())
+    assert used == [True, True]
+
+
+def test_the_lookups_reject_what_they_cannot_read():
+    data = np.zeros(10, np.uint16)
+    with pytest.raises(ValueError):
+        kernels._fused.lookup(data, np.zeros(1000, np.uint16))  # no table of 65,536
+    with pytest.raises(TypeError):
+        kernels._fused.lookup(b"\0\0", np.zeros(1 << 16, np.uint16))  # not writable
+    with pytest.raises(ValueError):
+        kernels._fused.row_add(data, 3, np.zeros(8, np.uint16), 8)  # 10 is no whole number of rows of 3
+    with pytest.raises(ValueError):
+        kernels._fused.row_add(data, 5, np.zeros(2 * 6, np.uint16), 6)  # size not a power of two
+    with pytest.raises(ValueError):
+        kernels._fused.row_add(data, 5, np.zeros(8, np.uint16), 8)  # one table for two rows
