@@ -231,3 +231,76 @@ def test_the_lookups_reject_what_they_cannot_read():
         kernels._fused.row_add(data, 5, np.zeros(2 * 6, np.uint16), 6)  # size not a power of two
     with pytest.raises(ValueError):
         kernels._fused.row_add(data, 5, np.zeros(8, np.uint16), 8)  # one table for two rows
+
+
+# ------------------------------------------------------------------ float32 scaling
+
+
+def float32_specials(n, seed):
+    """float32 values of every kind: normal over many binades, subnormal, zeros of both signs,
+    Inf, quiet and signalling NaN with payloads, the largest finite."""
+    x = random_values(np.float32, n, seed, spread=60)
+    bits = x.view(np.uint32)
+    bits[3::101] = 0x7F800000  # +Inf
+    bits[4::103] = 0xFF800000  # -Inf
+    bits[5::107] = 0x7FC01234  # quiet NaN with a payload
+    bits[6::109] = 0x7F801234  # signalling NaN
+    bits[7::113] = 0xFFA00001  # negative signalling NaN
+    bits[8::127] = 0x7F7FFFFF  # the largest finite
+    bits[9::131] = 0x00000001  # the smallest subnormal
+    return x
+
+
+@pytest.mark.parametrize("factor", [0.5, 1 / 3, 0.999999, 1.0, 2.0, 3e38, 1e-40, 1e-300, 0.0, -0.0, -1.5,
+                                    np.inf, np.nan])
+def test_float32_scaled_in_c_as_numpy_scales_it(factor, copies):
+    from tclip.core.kernels import scale_unit
+    from tclip.core.modes import apply_scale
+
+    x = float32_specials(20_000, seed=4).reshape(40, 500)
+    fast, slow = x.copy(), x.copy()
+    assert kernels._scale_float32_fused(x.copy(), factor) == (factor == factor)  # C, but for a NaN factor
+    scale_unit(fast, factor, Scratch(x.size))
+    saved, kernels._fused = kernels._fused, None
+    try:
+        scale_unit(slow, factor, Scratch(x.size))
+    finally:
+        kernels._fused = saved
+    assert fast.tobytes() == slow.tobytes()
+    if factor != 1.0:  # (apply_scale copies a factor of 1: signalling NaNs stay signalling there)
+        assert fast.tobytes() == apply_scale(x, factor).tobytes()
+
+
+def test_float32_per_row_factors_in_c(copies):
+    from tclip.core.kernels import scale_unit
+    from tclip.core.modes import apply_scale
+
+    x = float32_specials(300 * 77, seed=6).reshape(300, 77)
+    factors = np.random.default_rng(8).uniform(0, 2, (300, 1))
+    factors[::7] = 1.0
+    factors[3] = 0.0
+    factors[5] = np.inf
+    factors[6] = -0.0
+    for shape in [(300, 1), (300, 77)]:
+        f = np.broadcast_to(factors, shape) if shape[1] == 77 else factors
+        expected = apply_scale(x, f)
+        fast = x.copy()
+        scale_unit(fast, f, Scratch(x.size))
+        assert fast.tobytes() == expected.tobytes()
+    cube = x.reshape(300, 7, 11)
+    expected = apply_scale(cube, factors.reshape(300, 1, 1))
+    fast = cube.copy()
+    assert kernels._scale_float32_fused(fast.copy(), factors.reshape(300, 1, 1))
+    scale_unit(fast, factors.reshape(300, 1, 1), Scratch(x.size))
+    assert fast.tobytes() == expected.tobytes()
+
+
+def test_float32_layouts_the_c_loop_leaves_to_numpy():
+    x = float32_specials(600, seed=7).reshape(20, 30)
+    assert not kernels._scale_float32_fused(x[:, ::2], 0.5)  # not contiguous
+    assert not kernels._scale_float32_fused(x.astype(">f4"), 0.5)  # big-endian
+    assert not kernels._scale_float32_fused(x.copy(), np.full((1, 30), 0.5))  # a factor per column
+    with pytest.raises(ValueError):
+        kernels._fused.scale_f32(np.zeros(10, np.float32), 3, np.ones(1))
+    with pytest.raises(ValueError):
+        kernels._fused.scale_f32(np.zeros(10, np.float32), 5, np.ones(3))

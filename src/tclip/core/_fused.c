@@ -218,6 +218,54 @@ static PyObject *row_add(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* x[r][c] = (float)((double)x[r][c] * factor[r]) in place, for float32 rows of `columns`
+ * (one factor for all: a single factor). The float64 product rounded once to float32: the
+ * same casts and product as NumPy's np.multiply(x, f, out=x, dtype=float64), without its
+ * buffers (0.8 ns an element there). */
+#define SCALE_F32(NAME, ATTR)                                                                \
+ATTR static void NAME(unsigned char *d, Py_ssize_t rows, Py_ssize_t columns, const double *f, \
+                      Py_ssize_t nf)                                                           \
+{                                                                                              \
+    for (Py_ssize_t r = 0; r < rows; r++) {                                                    \
+        const double g = f[nf == 1 ? 0 : r];                                                   \
+        unsigned char *row = d + 4 * r * columns;                                              \
+        for (Py_ssize_t c = 0; c < columns; c++) {                                             \
+            float v; memcpy(&v, row + 4 * c, 4);                                               \
+            v = (float)((double)v * g);                                                        \
+            memcpy(row + 4 * c, &v, 4);                                                        \
+        }                                                                                      \
+    }                                                                                          \
+}
+SCALE_F32(scale_f32_baseline, )
+#ifdef HAVE_AVX2_COPY
+SCALE_F32(scale_f32_avx2, __attribute__((target("avx2"))))
+#endif
+typedef void (*ScaleF32)(unsigned char *, Py_ssize_t, Py_ssize_t, const double *, Py_ssize_t);
+static ScaleF32 scale_f32_loop = scale_f32_baseline;
+
+static PyObject *scale_f32(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_buffer data, factors;
+    Py_ssize_t columns;
+    if (!PyArg_ParseTuple(args, "w*ny*", &data, &columns, &factors)) return NULL;
+    Py_ssize_t count = data.len / 4, nf = factors.len / 8;
+    int ok = columns > 0 && data.len % 4 == 0 && count % columns == 0 && factors.len % 8 == 0
+             && (nf == 1 || nf == count / columns);
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        scale_f32_loop(data.buf, count / columns, columns, factors.buf, nf);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&factors);
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "scale_f32: float32 rows of `columns`, one float64 factor or one per row");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 /* The AVX2 copies where asked for and the CPU has them, else the baseline ones; returns 1
  * when the AVX2 copies are now in use. */
 static int use_avx2(int wanted)
@@ -232,11 +280,13 @@ static int use_avx2(int wanted)
         squares_of[KIND_F32] = f32_avx2_squares;
         squares_of[KIND_BF16] = bf16_avx2_squares;
         squares_of[KIND_F16] = f16_avx2_squares;
+        scale_f32_loop = scale_f32_avx2;
         return 1;
     }
 #endif
     (void)wanted;
     memcpy(squares_of, baseline, sizeof baseline);
+    scale_f32_loop = scale_f32_baseline;
     return on;
 }
 
@@ -252,6 +302,9 @@ static PyMethodDef methods[] = {
     {"lookup", lookup, METH_VARARGS,
      "lookup(data, table): data[i] = table[data[i]] in place (uint16 with a table of 65,536,\n"
      "or uint8 with a table of 256)."},
+    {"scale_f32", scale_f32, METH_VARARGS,
+     "scale_f32(data, columns, factors): float32 rows of `columns` times float64 factors (one,\n"
+     "or one per row), each product rounded once to float32, in place."},
     {"row_add", row_add, METH_VARARGS,
      "row_add(data, columns, add, size): data[r][c] += add[r][data[r][c] & (size - 1)] in place\n"
      "(uint16, modulo 2**16)."},

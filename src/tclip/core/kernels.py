@@ -468,6 +468,8 @@ def _scale_whole(x: np.ndarray, factor: np.ndarray | float, scratch: Scratch | N
     # The whole unit in a few NumPy calls: with two threads, every call may wait for the
     # GIL, and cutting a unit into steps that stay in L2 measured 5-28% faster on one
     # thread but 30-55% slower on two (float32; per-row bfloat16).
+    if x.dtype == np.float32 and _fused is not None and _scale_float32_fused(x, factor):
+        return None
     if x.dtype == np.float32:
         # One call: NumPy widens, multiplies in float64 and rounds back a few thousand
         # elements at a time through its own small buffers -- the same casts and product
@@ -483,6 +485,26 @@ def _scale_whole(x: np.ndarray, factor: np.ndarray | float, scratch: Scratch | N
     if wide is x:
         return wide
     return wide if narrow_into(wide, x, scratch) else None
+
+
+def _scale_float32_fused(x: np.ndarray, factor: np.ndarray | float) -> bool:
+    """The float32 case of :func:`_scale_whole` in C, where ``x`` is contiguous in this
+    machine's byte order and ``factor`` is one value or one per row (first axis); False
+    (nothing done) otherwise. The same product and rounding as NumPy's call below:
+    0.8 -> 0.3 ns an element (one core)."""
+    if not x.flags.c_contiguous or x.dtype.byteorder not in "=<|" or not x.size:
+        return False
+    factors = np.asarray(factor, np.float64)
+    if factors.size == 1:
+        columns = x.size
+    elif x.ndim and factors.shape == (x.shape[0],) + (1,) * (x.ndim - 1):
+        columns = x.size // x.shape[0]
+    else:
+        return False
+    if np.isnan(factors).any():  # NaN times NaN: which payload wins is the order of NumPy's operands
+        return False
+    _fused.scale_f32(x.reshape(-1), columns, np.ascontiguousarray(factors).reshape(-1))
+    return True
 
 
 # Rows whose every factor is exactly 1 are left alone (x * 1.0 is x, bit for bit, except
