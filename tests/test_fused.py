@@ -26,6 +26,7 @@ def test_the_extension_is_built():
     leave every fast-path test below comparing NumPy with itself."""
     assert kernels._fused is not None, "tclip.core._fused was not built: pip install -e . with a C compiler"
     assert kernels.fused_chunk() > 0
+    assert kernels.fused_rows()
 
 
 @pytest.fixture(params=["avx2", "baseline"])
@@ -99,6 +100,31 @@ def test_nan_and_inf_go_the_numpy_way(dtype, special, copies):
     assert (fast[3], fast[4]) == ((2, 0) if special != special else (0, 2))
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("shape,axes", [((64, 4096), (1,)), ((3, 1000), (1,)), ((7, 129), (1,)), ((5, 1), (1,)),
+                                        ((4, 30, 100), (1, 2)), ((2, 3, 5, 7), (1, 2, 3)), ((1, 20_011), (1,))])
+def test_per_row_sums_are_numpys(dtype, shape, axes, copies):
+    x = random_values(dtype, math.prod(shape), seed=sum(shape), spread=20).reshape(shape)
+    assert kernels._reduce_fused_rows(x, True) is not None
+    fast, slow = reduce_unit(x, Scratch(x.size), axes=axes), numpy_way(x, axes=axes)
+    assert fast[0].shape == slow[0].shape and fast[0].dtype == slow[0].dtype
+    assert fast[0].tobytes() == slow[0].tobytes()
+    assert_same(fast[1:], slow[1:])
+    assert_same(reduce_unit(x, Scratch(x.size), axes=axes, extremes=False)[1:],
+                numpy_way(x, axes=axes, extremes=False)[1:])
+
+
+def test_per_row_sums_leave_other_axes_and_nan_to_numpy():
+    x = random_values(np.float32, 4 * 30 * 100, seed=1).reshape(4, 30, 100)
+    for axes in [(0,), (2,), (0, 1)]:  # not "every axis but the first": NumPy's order, NumPy's way
+        fast, slow = reduce_unit(x, Scratch(x.size), axes=axes), numpy_way(x, axes=axes)
+        assert fast[0].tobytes() == slow[0].tobytes()
+    x[2, 5, 7] = np.nan
+    assert kernels._reduce_fused_rows(x, True) is None
+    fast, slow = reduce_unit(x, Scratch(x.size), axes=(1, 2)), numpy_way(x, axes=(1, 2))
+    assert fast[0].tobytes() == slow[0].tobytes() and fast[3] == slow[3] == 1
+
+
 def test_huge_float32_squares_overflowing_go_the_numpy_way():
     x = np.array([3e38, -3e38, 1.0], np.float32)  # finite values, squares that overflow float64? no: 9e76
     assert_same(reduce_unit(x, Scratch(3)), numpy_way(x))
@@ -143,8 +169,10 @@ def test_a_numpy_that_sums_in_another_order_turns_the_loop_off(monkeypatch):
 
     monkeypatch.setattr(kernels, "_fused", Skewed)
     assert kernels.fused_chunk() == 0
+    assert not kernels.fused_rows()
     x = random_values(np.float32, 1000, seed=1)
     assert not uses_fused(x)
+    assert kernels._reduce_fused_rows(x.reshape(10, 100), True) is None
     monkeypatch.setattr(kernels, "_fused", None)
     expected = reduce_unit(x, Scratch(1000))
     monkeypatch.setattr(kernels, "_fused", Skewed)

@@ -108,6 +108,17 @@ KERNELS(f16_avx2, f16, 2, int16_t, 16, __attribute__((target("avx2"))))
 #endif
 static const int bits_of[] = {64, 32, 16, 16};
 
+/* The smallest and largest keys back to bit patterns, as unsigned integers of the width. */
+static PyObject *patterns(const Keys *k, int bits)
+{
+    const uint64_t mask = bits == 64 ? ~(uint64_t)0 : (((uint64_t)1 << bits) - 1);
+    const uint64_t flip = mask >> 1;
+    uint64_t lo = (uint64_t)k->lo & mask, hi = (uint64_t)k->hi & mask;
+    lo ^= (k->lo < 0) ? flip : 0;
+    hi ^= (k->hi < 0) ? flip : 0;
+    return Py_BuildValue("(KK)", (unsigned long long)lo, (unsigned long long)hi);
+}
+
 static PyObject *unit_stats(PyObject *self, PyObject *args)
 {
     (void)self;
@@ -134,13 +145,44 @@ static PyObject *unit_stats(PyObject *self, PyObject *args)
     }
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);
-    /* keys back to patterns, as unsigned integers of the width */
-    const uint64_t mask = bits == 64 ? ~(uint64_t)0 : (((uint64_t)1 << bits) - 1);
-    const uint64_t flip = mask >> 1;
-    uint64_t lo = (uint64_t)k.lo & mask, hi = (uint64_t)k.hi & mask;
-    lo ^= (k.lo < 0) ? flip : 0;
-    hi ^= (k.hi < 0) ? flip : 0;
-    return Py_BuildValue("(dKK)", total, (unsigned long long)lo, (unsigned long long)hi);
+    PyObject *extremes = patterns(&k, bits);
+    if (extremes == NULL) return NULL;
+    PyObject *result = Py_BuildValue("(dOO)", total, PyTuple_GET_ITEM(extremes, 0), PyTuple_GET_ITEM(extremes, 1));
+    Py_DECREF(extremes);
+    return result;
+}
+
+/* The sum of squares of each row of `columns` elements into sums[r] (np.add.reduce over
+ * the trailing axes of a C-contiguous unit sums each row alone, in the same pairwise order,
+ * onto 0.0), and the extreme patterns over all rows. For --axes over every axis but the first. */
+static PyObject *row_stats(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_buffer view, sums;
+    int kind;
+    Py_ssize_t columns;
+    if (!PyArg_ParseTuple(args, "y*inw*", &view, &kind, &columns, &sums)) return NULL;
+    const Py_ssize_t width = kind == KIND_F64 ? 8 : kind == KIND_F32 ? 4 : 2;
+    Py_ssize_t n = view.len / width;
+    int ok = kind >= KIND_F64 && kind <= KIND_F16 && view.len % width == 0 && n > 0 && columns > 0
+             && n % columns == 0 && sums.len == (Py_ssize_t)sizeof(double) * (n / columns);
+    const int bits = ok ? bits_of[kind] : 64;
+    Keys k = {(int64_t)((uint64_t)-1 >> (65 - bits)), -(int64_t)((uint64_t)-1 >> (65 - bits)) - 1};
+    if (ok) {
+        const unsigned char *a = view.buf;
+        double *out = sums.buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t r = 0; r < n / columns; r++)
+            out[r] = 0.0 + squares_of[kind](a + r * columns * width, columns, &k);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&view);
+    PyBuffer_Release(&sums);
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "row_stats: bad kind, columns, length or sums");
+        return NULL;
+    }
+    return patterns(&k, bits);
 }
 
 /* data[i] = table[data[i]] in place: a 16- or 8-bit float scaled by one factor through the
@@ -299,6 +341,9 @@ static PyObject *set_avx2(PyObject *self, PyObject *args)
 }
 
 static PyMethodDef methods[] = {
+    {"row_stats", row_stats, METH_VARARGS,
+     "row_stats(data, kind, columns, sums) -> (smallest, largest): each row's sum of squares into\n"
+     "sums (float64, one per row), as np.add.reduce over the trailing axes gives it."},
     {"lookup", lookup, METH_VARARGS,
      "lookup(data, table): data[i] = table[data[i]] in place (uint16 with a table of 65,536,\n"
      "or uint8 with a table of 256)."},

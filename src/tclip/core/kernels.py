@@ -264,6 +264,16 @@ def fused_chunk() -> int:
     return _fused_state["chunk"]
 
 
+def fused_rows() -> bool:
+    """Whether the C loop's per-row sums are ``np.add.reduce`` over a unit's trailing axes
+    here (checked once, on a fixed probe): True with NumPy 2.x, which sums each row in one call."""
+    if "rows" not in _fused_state:
+        with _fused_lock:
+            if "rows" not in _fused_state:
+                _fused_state["rows"] = _rows_agree()
+    return bool(_fused_state["rows"])
+
+
 def _find_chunk() -> int:
     if _fused is None:
         return 0
@@ -273,6 +283,15 @@ def _find_chunk() -> int:
         if all(_fused.unit_stats(p.view(np.uint8), 0, chunk)[0] == e for p, e in zip(probes, expected)):
             return chunk
     return 0  # pragma: no cover - a NumPy that sums in yet another order: NumPy's way then
+
+
+def _rows_agree() -> bool:
+    if fused_chunk() != 1 << 62:
+        return False
+    probe = _probe(7 * 24_581).reshape(7, 1, 24_581)
+    sums = np.empty(7)
+    _fused.row_stats(probe.view(np.uint8), 0, 24_581, sums)
+    return bool((sums == np.add.reduce(probe * probe, axis=(1, 2))).all())
 
 
 def _reduce_fused(x: np.ndarray, extremes: bool) -> tuple | None:
@@ -292,6 +311,24 @@ def _reduce_fused(x: np.ndarray, extremes: bool) -> tuple | None:
         patterns = np.array([low, high], _UNSIGNED[x.dtype.itemsize]).view(x.dtype)
         smallest, largest = float(patterns[0]), float(patterns[1])
     return sum_sq, smallest, largest, 0, 0, 0.0
+
+
+def _reduce_fused_rows(x: np.ndarray, extremes: bool) -> tuple | None:
+    """:func:`reduce_unit` over every axis but the first by the C loop (one sum per index of
+    the first axis), or None where it does not apply (as :func:`_reduce_fused`)."""
+    kind = _FUSED_KIND.get(x.dtype)
+    if kind is None or not x.size or not x.flags.c_contiguous or x.dtype.byteorder not in "=<|" \
+            or not fused_rows():
+        return None
+    sums = np.empty(x.shape[0], np.float64)
+    low, high = _fused.row_stats(x.reshape(-1).view(np.uint8), kind, x.size // x.shape[0], sums)
+    if not np.isfinite(sums).all():
+        return None
+    smallest, largest = math.inf, -math.inf
+    if extremes:
+        patterns = np.array([low, high], _UNSIGNED[x.dtype.itemsize]).view(x.dtype)
+        smallest, largest = float(patterns[0]), float(patterns[1])
+    return sums, smallest, largest, 0, 0, 0.0
 
 
 _UNSIGNED = {2: np.uint16, 4: np.uint32, 8: np.uint64}
@@ -318,8 +355,12 @@ def reduce_unit(x: np.ndarray, scratch: Scratch | None = None, axes: tuple[int, 
     same order on every CPU, and it lets other threads run; ``np.einsum`` holds
     the GIL and its SIMD dispatch sums in another order on another CPU).
     """
-    if axes is None and not l1 and moments is None and _fused is not None:
-        fused = _reduce_fused(x, extremes)  # same bits; ``wide``, when given, is ``x`` widened
+    if not l1 and moments is None and _fused is not None:  # same bits; ``wide``, when given, is ``x`` widened
+        fused = None
+        if axes is None:
+            fused = _reduce_fused(x, extremes)
+        elif x.ndim >= 2 and tuple(axes) == tuple(range(1, x.ndim)):
+            fused = _reduce_fused_rows(x, extremes)
         if fused is not None:
             return fused
     owned = wide is None
