@@ -146,6 +146,21 @@ def test_shapes_and_layouts():
     assert_same(reduce_unit(x, Scratch(x.size), axes=(1,))[1:], numpy_way(x, axes=(1,))[1:])
 
 
+def test_rows_checked_first_in_a_fresh_process():
+    """fused_rows() before anything else has asked for the chunk (a --axes run's first unit):
+    it used to wait forever on its own lock."""
+    import subprocess
+    import sys
+
+    code = ("import tclip.core.kernels as k, numpy as np\n"
+            "x = np.arange(12, dtype=np.float32).reshape(3, 4)\n"
+            "print(k.fused_rows(), k.reduce_unit(x, axes=(1,))[0].tolist())")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("[")[0].strip() == "True"
+    assert "[14.0, 126.0, 366.0]" in done.stdout
+
+
 def test_the_probe_tells_the_two_orders_apart():
     """fused_chunk's check can fail: on its probes, summing in chunks of 8,192 (older NumPy)
     and in one run give different sums, and the one run is NumPy's here."""
@@ -200,12 +215,16 @@ def test_a_whole_file_report_is_the_same_either_way(tmp_path, dtype, monkeypatch
                .reshape(-1, 1) for i in range(3)}
     path = tmp_path / "grads.safetensors"
     save_file(tensors, str(path))
-    fast = report_file(path, threads=2, block_bytes=1 << 20)
-    monkeypatch.setattr(kernels, "_fused", None)
-    slow = report_file(path, threads=2, block_bytes=1 << 20)
-    assert fast.global_norm == slow.global_norm
-    for a, b in zip(fast.tensors, slow.tensors):
-        assert (a.name, a.norm, a.min, a.max) == (b.name, b.norm, b.min, b.max)
+    runs = {}
+    for way in ("C", "NumPy"):
+        if way == "NumPy":
+            monkeypatch.setattr(kernels, "_fused", None)
+        runs[way] = [report_file(path, threads=2, block_bytes=1 << 20),
+                     report_file(path, threads=2, block_bytes=1 << 20, axes=1, max_norm=0.5)]
+    for fast, slow in zip(runs["C"], runs["NumPy"]):
+        assert fast.global_norm == slow.global_norm
+        assert [t.to_json() for t in fast.tensors] == [t.to_json() for t in slow.tensors]
+        assert fast.tensors[0].to_json()["norm"] > 0
 
 
 # ------------------------------------------------------------------ the table lookups

@@ -239,7 +239,7 @@ def _narrow_bfloat16(wide: np.ndarray, out: np.ndarray, work: np.ndarray, extra:
 
 _FUSED_KIND = {np.dtype(np.float64): 0, np.dtype(np.float32): 1, _BFLOAT16: 2, np.dtype(np.float16): 3}
 _fused_state: dict[str, int] = {}
-_fused_lock = threading.Lock()
+_fused_lock = threading.RLock()  # fused_rows holds it while fused_chunk takes it
 
 
 def _probe(n: int) -> np.ndarray:
