@@ -272,12 +272,26 @@ def test_the_lookups_reject_what_they_cannot_read():
         kernels._fused.lookup(data, np.zeros(1000, np.uint16))  # no table of 65,536
     with pytest.raises(TypeError):
         kernels._fused.lookup(b"\0\0", np.zeros(1 << 16, np.uint16))  # not writable
-    with pytest.raises(ValueError):
-        kernels._fused.row_add(data, 3, np.zeros(8, np.uint16), 8)  # 10 is no whole number of rows of 3
-    with pytest.raises(ValueError):
-        kernels._fused.row_add(data, 5, np.zeros(2 * 6, np.uint16), 6)  # size not a power of two
-    with pytest.raises(ValueError):
-        kernels._fused.row_add(data, 5, np.zeros(8, np.uint16), 8)  # one table for two rows
+    positions = np.zeros(4, np.int64)
+    low, span = np.zeros(2, np.uint16), np.zeros(2, np.uint16)
+    with pytest.raises(ValueError):  # 10 is no whole number of rows of 3
+        kernels._fused.row_scale16(data, 3, np.zeros(3 * 8, np.uint16), 8, low, span, 0x7C00, positions, 1)
+    with pytest.raises(ValueError):  # size not a power of two
+        kernels._fused.row_scale16(data, 5, np.zeros(2 * 6, np.uint16), 6, low, span, 0x7C00, positions, 1)
+    with pytest.raises(ValueError):  # room for 4 positions, not 5
+        kernels._fused.row_scale16(data, 5, np.zeros(2 * 8, np.uint16), 8, low, span, 0x7C00, positions, 5)
+    with pytest.raises(ValueError):  # g outside [1, 2)
+        kernels._fused.row_tables(3, np.array([2.0]), np.zeros(1, np.int64), 10, 15, np.zeros(1024, np.uint16))
+    with pytest.raises(ValueError):  # no float32 tables
+        kernels._fused.row_tables(1, np.array([1.5]), np.zeros(1, np.int64), 10, 15, np.zeros(1024, np.uint16))
+
+
+def test_more_misses_than_the_limit_change_nothing():
+    x = np.zeros((4, 2048), np.float16)  # all zeros: every element a miss
+    x[:, ::2] = 1.5
+    before = x.copy()
+    assert not kernels._scale_rows_by_tables(x, np.full((4, 1), 0.3), Scratch(x.size))
+    assert x.tobytes() == before.tobytes()
 
 
 # ------------------------------------------------------------------ float32 scaling
