@@ -365,3 +365,14 @@ def test_float32_layouts_the_c_loop_leaves_to_numpy():
         kernels._fused.scale_f32(np.zeros(10, np.float32), 3, np.ones(1))
     with pytest.raises(ValueError):
         kernels._fused.scale_f32(np.zeros(10, np.float32), 5, np.ones(3))
+
+
+def test_the_lookup_on_misaligned_data():
+    """A view that starts on an odd byte takes the byte-copy loop: the same results."""
+    table = np.arange(1 << 16, dtype=np.uint16)[::-1].copy()
+    backing = np.zeros(2 * 1000 + 1, np.uint8)
+    data = backing[1:].view(np.uint16)
+    assert not data.flags.aligned
+    data[:] = np.arange(1000, dtype=np.uint16) * 37
+    kernels._fused.lookup(data, table)
+    assert data.tolist() == [65535 - (i * 37) for i in range(1000)]

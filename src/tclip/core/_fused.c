@@ -252,17 +252,32 @@ static PyObject *lookup(PyObject *self, PyObject *args)
  * and then to bfloat16 (as ml_dtypes narrows) -- stored as what to add to an input's bits:
  * result - (bias << shift | m) + (power[r] << shift), modulo 2**16. g[r] is in [1, 2), so
  * every product is in [1, 4): a normal value of either dtype. */
-/* A float64 in [1, 4) rounded to float16 (to nearest, ties to even): exponent and the top
- * ten bits of the mantissa, plus one where the 42 bits below are more than half, or half
- * and the result odd. */
-static inline uint32_t half_of(double p)
-{
-    uint64_t b; memcpy(&b, &p, 8);
-    uint64_t mantissa = b & ((UINT64_C(1) << 52) - 1);
-    uint64_t rest = mantissa & ((UINT64_C(1) << 42) - 1), half = UINT64_C(1) << 41;
-    uint32_t result = ((uint32_t)((int)((b >> 52) & 0x7FF) - 1023 + 15) << 10) | (uint32_t)(mantissa >> 42);
-    return result + ((uint32_t)(rest > half) | ((uint32_t)(rest == half) & result & 1u));
+/* One row's float16 table: the float64 (1 + m * step) * g in [1, 4) rounded to float16 (to
+ * nearest, ties to even: exponent and the top ten bits of the mantissa, plus one where the 42
+ * bits below are more than half, or half and the result odd), less m, plus offset (modulo
+ * 2**16). Written without branches and with an int counter so that GCC vectorizes it:
+ * 2.5 -> 2.0 ns an entry, 1.1 with AVX2. */
+#define ROW_F16(NAME, ATTR)                                                                       \
+ATTR static void NAME(uint16_t *restrict out, double g, int64_t offset, int size, double step)    \
+{                                                                                                 \
+    const uint64_t low42 = (UINT64_C(1) << 42) - 1, half = UINT64_C(1) << 41;                     \
+    for (int m = 0; m < size; m++) {                                                              \
+        double p = (1.0 + (double)m * step) * g;                                                  \
+        uint64_t b; memcpy(&b, &p, 8);                                                            \
+        uint64_t mantissa = b & ((UINT64_C(1) << 52) - 1), rest = mantissa & low42;               \
+        uint64_t result = (((b >> 52) - 1023 + 15) << 10) | (mantissa >> 42);                     \
+        uint64_t above = (half - rest) >> 63;       /* rest > half: the difference wraps round */ \
+        uint64_t tie = ((rest ^ half) - 1) >> 63;   /* rest == half (both below 2**42) */         \
+        result += above | (tie & result & 1);                                                     \
+        out[m] = (uint16_t)(result - (uint64_t)m + (uint64_t)offset);                             \
+    }                                                                                             \
 }
+ROW_F16(row_f16_baseline, )
+#ifdef HAVE_AVX2_COPY
+ROW_F16(row_f16_avx2, __attribute__((target("avx2"))))
+#endif
+typedef void (*RowF16)(uint16_t *, double, int64_t, int, double);
+static RowF16 row_f16_loop = row_f16_baseline;
 
 /* A float64 rounded to float32 and then to bfloat16, each to nearest, ties to even (as ml_dtypes). */
 static inline uint32_t bfloat16_of(double p)
@@ -295,10 +310,13 @@ static PyObject *row_tables(PyObject *self, PyObject *args)
             memcpy(&pr, (const unsigned char *)power.buf + 8 * r, 8);
             uint16_t *out = (uint16_t *)add.buf + r * size;
             const int64_t offset = pr * ((int64_t)1 << shift) - ((int64_t)bias << shift);
+            if (kind == KIND_F16) {
+                row_f16_loop(out, gr, offset, (int)size, step);
+                continue;
+            }
             for (Py_ssize_t m = 0; m < size; m++) {
                 double p = (1.0 + (double)m * step) * gr;
-                uint32_t result = kind == KIND_F16 ? half_of(p) : bfloat16_of(p);
-                out[m] = (uint16_t)((uint64_t)((int64_t)result - m + offset) & 0xFFFF);
+                out[m] = (uint16_t)((uint64_t)((int64_t)bfloat16_of(p) - m + offset) & 0xFFFF);
             }
         }
         Py_END_ALLOW_THREADS
@@ -319,49 +337,57 @@ static PyObject *row_tables(PyObject *self, PyObject *args)
  * zeros, subnormals, Inf, NaN, results that would leave the normal range) is a miss, left
  * as it is and its index written to `positions`; every other gets its row's table entry
  * added. When there are more than `limit` misses nothing is changed. Returns the misses. */
-static uint64_t row_misses(const uint16_t *restrict row, Py_ssize_t columns, uint16_t lo, uint16_t top,
-                           uint16_t field)
-{
-    uint64_t n = 0;  /* written so that GCC vectorizes it */
-    for (Py_ssize_t c = 0; c < columns; c++) {
-        uint16_t f = (uint16_t)((uint16_t)(row[c] & field) - lo);
-        n += f > top ? 1u : 0u;
-    }
-    return n;
+/* The two passes: the misses counted row by row (nothing is changed past the limit), then
+ * each row's positions of misses noted (rows that have any) and the table added to the
+ * others, without a branch (a miss keeps its bits). Written so that GCC vectorizes both
+ * loops; compiled twice, the second for AVX2 (its gather), chosen as the other loops. */
+#define ROW_PASS(NAME, ATTR)                                                                          \
+ATTR static Py_ssize_t NAME(uint16_t *restrict d, Py_ssize_t rows, Py_ssize_t columns,                \
+                            const uint16_t *restrict add, Py_ssize_t size, const uint16_t *low,       \
+                            const uint16_t *span, uint16_t field, int64_t *restrict positions,        \
+                            Py_ssize_t limit, uint64_t *restrict counts)                              \
+{                                                                                                     \
+    uint64_t total = 0;                                                                               \
+    for (Py_ssize_t r = 0; r < rows; r++) {                                                           \
+        const uint16_t *row = d + r * columns, lo = low[r], top = span[r];                            \
+        uint64_t n = 0;                                                                               \
+        for (Py_ssize_t c0 = 0; c0 < columns; c0 += 65535) {  /* 16-bit counters, 65,535 at most */   \
+            const Py_ssize_t c1 = columns - c0 < 65535 ? columns : c0 + 65535;                        \
+            uint16_t part = 0;                                                                        \
+            for (Py_ssize_t c = c0; c < c1; c++)                                                      \
+                part = (uint16_t)(part + ((uint16_t)((uint16_t)(row[c] & field) - lo) > top));        \
+            n += part;                                                                                \
+        }                                                                                             \
+        counts[r] = n;                                                                                \
+        total += n;                                                                                   \
+    }                                                                                                 \
+    if (total > (uint64_t)limit) return (Py_ssize_t)total;                                            \
+    const uint16_t mask = (uint16_t)(size - 1);                                                       \
+    Py_ssize_t k = 0;                                                                                 \
+    for (Py_ssize_t r = 0; r < rows; r++) {                                                           \
+        uint16_t *restrict row = d + r * columns;                                                     \
+        const uint16_t *restrict table = add + r * size;                                              \
+        const uint16_t lo = low[r], top = span[r];                                                    \
+        if (counts[r])                                                                                \
+            for (Py_ssize_t c = 0; c < columns; c++)                                                  \
+                if ((uint16_t)((uint16_t)(row[c] & field) - lo) > top)                                \
+                    positions[k++] = (int64_t)(r * columns + c);                                      \
+        for (Py_ssize_t c = 0; c < columns; c++) {                                                    \
+            uint16_t b = row[c];                                                                      \
+            uint16_t f = (uint16_t)((uint16_t)(b & field) - lo);                                      \
+            uint16_t scaled = (uint16_t)(b + table[b & mask]);                                        \
+            row[c] = f > top ? b : scaled;                                                            \
+        }                                                                                             \
+    }                                                                                                 \
+    return (Py_ssize_t)total;                                                                         \
 }
-
-static void row_apply(uint16_t *restrict row, Py_ssize_t columns, const uint16_t *restrict table, uint16_t mask,
-                      uint16_t lo, uint16_t top, uint16_t field)
-{
-    for (Py_ssize_t c = 0; c < columns; c++) {  /* no branch: a miss keeps its bits */
-        uint16_t b = row[c];
-        uint16_t f = (uint16_t)((uint16_t)(b & field) - lo);
-        uint16_t scaled = (uint16_t)(b + table[b & mask]);
-        row[c] = f > top ? b : scaled;
-    }
-}
-
-static Py_ssize_t row_pass(uint16_t *restrict d, Py_ssize_t rows, Py_ssize_t columns, const uint16_t *restrict add,
-                           Py_ssize_t size, const uint16_t *low, const uint16_t *span, uint16_t field,
-                           int64_t *restrict positions, Py_ssize_t limit, uint64_t *restrict counts)
-{
-    uint64_t total = 0;
-    for (Py_ssize_t r = 0; r < rows; r++) {
-        counts[r] = row_misses(d + r * columns, columns, low[r], span[r], field);
-        total += counts[r];
-    }
-    if (total > (uint64_t)limit) return (Py_ssize_t)total;
-    Py_ssize_t k = 0;
-    for (Py_ssize_t r = 0; r < rows; r++) {
-        uint16_t *row = d + r * columns;
-        const uint16_t lo = low[r], top = span[r];
-        if (counts[r])  /* the misses' positions, before the pass leaves them as they are */
-            for (Py_ssize_t c = 0; c < columns; c++)
-                if ((uint16_t)((uint16_t)(row[c] & field) - lo) > top) positions[k++] = (int64_t)(r * columns + c);
-        row_apply(row, columns, add + r * size, (uint16_t)(size - 1), lo, top, field);
-    }
-    return (Py_ssize_t)total;
-}
+ROW_PASS(row_pass_baseline, )
+#ifdef HAVE_AVX2_COPY
+ROW_PASS(row_pass_avx2, __attribute__((target("avx2"))))
+#endif
+typedef Py_ssize_t (*RowPass)(uint16_t *, Py_ssize_t, Py_ssize_t, const uint16_t *, Py_ssize_t, const uint16_t *,
+                              const uint16_t *, uint16_t, int64_t *, Py_ssize_t, uint64_t *);
+static RowPass row_pass = row_pass_baseline;
 
 static PyObject *row_scale16(PyObject *self, PyObject *args)
 {
@@ -468,12 +494,16 @@ static int use_avx2(int wanted)
         squares_of[KIND_BF16] = bf16_avx2_squares;
         squares_of[KIND_F16] = f16_avx2_squares;
         scale_f32_loop = scale_f32_avx2;
+        row_f16_loop = row_f16_avx2;
+        row_pass = row_pass_avx2;
         return 1;
     }
 #endif
     (void)wanted;
     memcpy(squares_of, baseline, sizeof baseline);
     scale_f32_loop = scale_f32_baseline;
+    row_f16_loop = row_f16_baseline;
+    row_pass = row_pass_baseline;
     return on;
 }
 
