@@ -3,7 +3,7 @@
     python benchmarks/bench_speed.py [--quick] [--mib 1024] [--repeat 5] [--dir /tmp]
                                      [--dtypes float32,bfloat16,float16]
                                      [--formats safetensors,npz,h5,h5-chunked]
-                                     [--torch-python PATH] [--rss] [--no-stages]
+                                     [--torch-python PATH] [--rss] [--no-stages] [--no-prime]
 
 Writes one file per dtype and format (--mib MiB of gradients in 32 tensors of
 rows of 4096; .npz and HDF5 in float32 only), then runs, in alternating order
@@ -25,6 +25,13 @@ scale, pass 2 with the durable write), medians of --stage-repeat runs, for
 `global`, `norm` and `norm --axes 1`. The write's share is pass 2 with the write
 minus pass 2 without it; "start-up and the rest" is the command's wall time
 minus the in-process stages (interpreter, imports, the CLI, rendering).
+
+Before each command that writes (dd included), an untimed durable copy of the
+input is written beside the output and deleted, so that every such command
+writes into blocks a file has just freed (--no-prime: not): on a virtual disk
+with online discard, a durable write into blocks freed seconds earlier took
+three times as long, and which blocks a command got depended on what ran
+before it.
 
 tclip's own modules are compiled to bytecode before anything is timed, as
 `pip install` leaves them (an editable install run under PYTHONDONTWRITEBYTECODE
@@ -111,10 +118,29 @@ def write_file(path: Path, kind: str, dtype_name: str, mib: int, count: int) -> 
 # --------------------------------------------------------------------------- running
 
 
+PRIME = {"source": None}  # the input to prime with (None: no priming; see prime_disk)
+
+
+def prime_disk(out: Path) -> None:
+    """Untimed, before each command that writes: a durable copy of the input beside ``out``,
+    deleted at once, so that every such command (dd included) writes into blocks a file has
+    just freed. On the development VM (ext4 mounted with online discard, on a virtual disk)
+    a durable 1 GiB write took 0.8-1.0 s into just-freed blocks and 2.9-3.4 s into blocks
+    freed seconds earlier; which one a command got depended on what ran before it."""
+    if PRIME["source"] is None:
+        return
+    scratch = out.with_name(out.name + ".prime")
+    subprocess.run(["dd", f"if={PRIME['source']}", f"of={scratch}", "bs=8M", "conv=fsync", "status=none"],
+                   check=True)
+    scratch.unlink()
+
+
 def run_once(command: list[str], out: Path | None, env: dict[str, str] | None = None) -> tuple[float, float, int]:
     """(wall seconds, peak RSS MiB, exit status) of one run; its output is thrown away."""
     if out is not None and out.exists():
         out.unlink()
+    if out is not None:
+        prime_disk(out)
     # cp and the scripts leave their output in the page cache, unwritten; without this the
     # next command's timing would include the kernel writing that back (untimed here).
     os.sync()
@@ -208,6 +234,7 @@ def stages(path: Path, out: Path, mode: str, repeat: int) -> dict[str, float]:
     """Medians of the in-process stages of one clip mode ("global", "norm" or "axes")."""
     runs = []
     for _ in range(repeat):
+        prime_disk(out)
         os.sync()
         result = subprocess.run([sys.executable, "-c", STAGE_CODE, str(path), str(out), mode],
                                 capture_output=True, text=True, check=True)
@@ -388,6 +415,8 @@ def main() -> None:
     parser.add_argument("--stages", action="store_true", help=argparse.SUPPRESS)  # the default now
     parser.add_argument("--keep", action="store_true", help="keep the generated files (and reuse them next time)")
     parser.add_argument("--stages-only", action="store_true", help="only the in-process stage times")
+    parser.add_argument("--no-prime", action="store_true",
+                        help="no untimed durable write and delete of a scratch copy before each command that writes")
     args = parser.parse_args()
     mib = args.mib or (64 if args.quick else 1024)
     repeat = args.repeat or (2 if args.quick else 5)
@@ -423,6 +452,7 @@ def main() -> None:
                 path = make_file(folder, kind, dtype_name, mib)
                 out = folder / f"out{path.suffix}"
                 label = f"{dtype_name} {kind}"
+                PRIME["source"] = None if args.no_prime else path
                 profile = {} if args.no_stages else \
                     {mode: stages(path, out, mode, stage_repeat) for mode in ("global", "norm", "axes")}
                 if args.stages_only:
@@ -435,6 +465,7 @@ def main() -> None:
                     print(f"  in-process, {mode}: {stage_text(stage)} (pass 2 with the write "
                           f"{stage['pass 2 with the write']:.2f} s)")
                 targets += file_targets(label, kind, dtype_name, medians, profile, cores)
+        PRIME["source"] = None  # peak memory and start-up: nothing timed writes
         if args.stages_only:
             return
         timings = start_up(max(5, repeat))
