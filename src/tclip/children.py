@@ -130,6 +130,11 @@ def kill_process(process: subprocess.Popen[bytes]) -> None:
     except OSError:
         pass
     process.wait()
+    close_pipes(process)
+
+
+def close_pipes(process: subprocess.Popen[bytes]) -> None:
+    """Close a child's stdin and stdout, whatever state they are in."""
     for stream in (process.stdin, process.stdout):
         try:
             if stream is not None:

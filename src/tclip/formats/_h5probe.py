@@ -39,7 +39,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from ..children import child_command, kill_process, take
+from ..children import child_command, close_pipes, kill_process, take
 from ..errors import FormatError, TclipError, UnsupportedError
 
 # The walk of a file of a few MiB takes well under a second; a hang is refused after this
@@ -247,12 +247,7 @@ class Child:
 
 
 def _end(process: subprocess.Popen[bytes]) -> None:
-    for stream in (process.stdin, process.stdout):
-        try:
-            if stream is not None:
-                stream.close()
-        except OSError:
-            pass
+    close_pipes(process)  # end of input: the child leaves on its own
     try:
         process.wait(timeout=REQUEST_SECONDS)
     except subprocess.TimeoutExpired:
