@@ -251,39 +251,92 @@ def test_one_factor_through_the_table_every_value(dtype, factor, lookups):
     assert x.tobytes() == np.roll(np.tile(apply_scale(every, factor), 3), 77).tobytes()
 
 
+# Per-row factors for float16 and bfloat16 (scale16): besides test_kernel_steps' factors,
+# ties at every rounding step (1 + 2**-11 and 1 + 2**-12 for float16's 11 bits, 1 + 2**-8
+# and 1 + 2**-24 for bfloat16's double rounding through float32), results that are float16
+# subnormals or zero (2**-24, 1.5 * 2**-25), products that are float64 subnormals (1e-310),
+# overflow to Inf (1e5, 2**899) and 0.
+EDGE_FACTORS = [1 + 2.0 ** -11, 1 + 2.0 ** -12, 3 * 2.0 ** -11, 1 + 2.0 ** -8, 1 + 2.0 ** -24, 1 - 2.0 ** -25,
+                2.0 ** -24, 1.5 * 2.0 ** -25, 2.0 ** -25, 1e-310, 5e-324, 1e5, 2.0 ** 899, 0.0, 65519.99 / 65504]
+
+
+def scale16_calls(monkeypatch):
+    """What each call of the C loop returned (the rows it left to NumPy)."""
+    calls = []
+    real = kernels._fused.scale16
+
+    def spy(*args):
+        calls.append(real(*args))
+        return calls[-1]
+
+    monkeypatch.setattr(kernels._fused, "scale16", spy)
+    return calls
+
+
 @pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16], ids=lambda d: np.dtype(d).name)
-def test_per_row_tables_every_value(dtype, lookups, monkeypatch):
-    from test_kernel_steps import ROW_FACTORS, same_as_reference, tables_used
+def test_per_row_scaling_every_finite_value(dtype, copies, monkeypatch):
+    from test_kernel_steps import ROW_FACTORS, same_as_reference
 
-    monkeypatch.setattr(kernels, "_ROW_TABLE_MISSES", 1)
-    used = tables_used(monkeypatch)
-    every = np.arange(1 << 16, dtype=np.uint16).view(dtype)
-    factors = np.array(ROW_FACTORS).reshape(-1, 1)
-    same_as_reference(np.tile(every, (len(ROW_FACTORS), 1)), factors, Scratch())
+    calls = scale16_calls(monkeypatch)
+    bits = np.arange(1 << 16, dtype=np.uint16)
+    field = 0x7C00 if dtype == np.float16 else 0x7F80  # the exponent: all ones for Inf and NaN
+    finite = bits[bits & field != field].view(dtype)
+    factors = np.array(ROW_FACTORS + EDGE_FACTORS).reshape(-1, 1)
+    same_as_reference(np.tile(finite, (len(factors), 1)), factors, Scratch())
+    same_as_reference(np.tile(finite[::-1], (len(factors), 1)), factors)
     rng = np.random.default_rng(2)
-    x = (rng.standard_normal((300, 1100)) * 3).astype(dtype)  # more rows than one index group
+    x = (rng.standard_normal((300, 1100)) * 3).astype(dtype)
     same_as_reference(x, rng.uniform(0.01, 1, (300, 1)), Scratch())
-    assert used == [True, True]
+    assert calls == [0, 0, 0]  # every row in C
 
 
-def test_the_lookups_reject_what_they_cannot_read():
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16], ids=lambda d: np.dtype(d).name)
+def test_rows_with_inf_or_nan_are_left_to_numpy(dtype, copies, monkeypatch):
+    from test_kernel_steps import same_as_reference
+
+    calls = scale16_calls(monkeypatch)
+    every = np.arange(1 << 16, dtype=np.uint16).view(dtype)  # Inf, quiet and signalling NaNs in every row
+    factors = np.array([0.3, 1.0, 0.0, 2.0 ** -20]).reshape(-1, 1)
+    same_as_reference(np.tile(every, (4, 1)), factors, Scratch())
+    x = (np.random.default_rng(3).standard_normal((50, 300)) * 3).astype(dtype)
+    x[[4, 17, 18, 49], [0, 299, 5, 100]] = [np.inf, -np.inf, np.nan, np.inf]
+    x.view(np.uint16)[30, 7] = 0x7D01 if dtype == np.float16 else 0x7F81  # a signalling NaN, factor 1 below
+    factors = np.random.default_rng(4).uniform(0, 1, (50, 1))
+    factors[30] = 1.0
+    same_as_reference(x, factors)
+    assert calls == [4, 5]
+
+
+def test_per_row_scaling_where_the_fpu_flushes_subnormals(monkeypatch):
+    """scale16 answers -1 (nothing done) where this thread's FPU flushes subnormals; then
+    NumPy's way is taken."""
+    from test_kernel_steps import same_as_reference
+
+    monkeypatch.setattr(kernels._fused, "scale16", lambda *args: -1)
+    x = (np.random.default_rng(5).standard_normal((40, 2048)) * 1e-3).astype(np.float16)
+    factors = np.random.default_rng(6).uniform(0, 1, (40, 1))
+    assert not kernels._scale_rows16_fused(x.copy(), factors, None)
+    same_as_reference(x, factors)
+
+
+def test_the_c_loops_reject_what_they_cannot_read():
     data = np.zeros(10, np.uint16)
     with pytest.raises(ValueError):
         kernels._fused.lookup(data, np.zeros(1000, np.uint16))  # no table of 65,536
     with pytest.raises(TypeError):
         kernels._fused.lookup(b"\0\0", np.zeros(1 << 16, np.uint16))  # not writable
-    positions = np.zeros(4, np.int64)
-    low, span = np.zeros(2, np.uint16), np.zeros(2, np.uint16)
+    left = np.zeros(4, np.int64)
     with pytest.raises(ValueError):  # 10 is no whole number of rows of 3
-        kernels._fused.row_scale16(data, 3, np.zeros(3 * 8, np.uint16), 8, low, span, 0x7C00, positions, 1)
-    with pytest.raises(ValueError):  # size not a power of two
-        kernels._fused.row_scale16(data, 5, np.zeros(2 * 6, np.uint16), 6, low, span, 0x7C00, positions, 1)
-    with pytest.raises(ValueError):  # room for 4 positions, not 5
-        kernels._fused.row_scale16(data, 5, np.zeros(2 * 8, np.uint16), 8, low, span, 0x7C00, positions, 5)
-    with pytest.raises(ValueError):  # g outside [1, 2)
-        kernels._fused.row_tables(3, np.array([2.0]), np.zeros(1, np.int64), 10, 15, np.zeros(1024, np.uint16))
-    with pytest.raises(ValueError):  # no float32 tables
-        kernels._fused.row_tables(1, np.array([1.5]), np.zeros(1, np.int64), 10, 15, np.zeros(1024, np.uint16))
+        kernels._fused.scale16(data, 3, 3, np.ones(3), left)
+    with pytest.raises(ValueError):  # room for 4 row indices, not 5
+        kernels._fused.scale16(data, 3, 2, np.ones(5), left)
+    with pytest.raises(ValueError):  # a factor of 2**900
+        kernels._fused.scale16(data, 3, 5, np.array([0.5, 2.0 ** 900]), left)
+    with pytest.raises(ValueError):  # a NaN factor
+        kernels._fused.scale16(data, 2, 5, np.array([0.5, np.nan]), left)
+    with pytest.raises(ValueError):  # no float32
+        kernels._fused.scale16(data, 1, 5, np.ones(2), left)
+    assert data.tobytes() == bytes(20)
 
 
 def test_more_misses_than_the_limit_change_nothing():

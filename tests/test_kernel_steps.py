@@ -116,42 +116,56 @@ def test_float16_widening_with_infinities_and_no_nan():
     assert widen(x, Scratch()).tolist() == [1.0, np.inf, -np.inf, 65504.0, -0.0]
 
 
-# ------------------------------------------------------------------ per-row tables (float16, bfloat16)
+# ------------------------------------------------------------------ per-row factors (float16, bfloat16)
+# Two fast paths, each held against the reference: the C loop (kernels._scale_rows16_fused)
+# where the extension is built, and the per-row tables in NumPy (kernels._scale_rows_by_tables)
+# where it is not. Each test runs both: "C" as installed, "tables" with the extension hidden.
 
 import tclip.core.kernels as kernels_module  # noqa: E402
 
 ROW_TABLE_DTYPES = [np.float16, ml_dtypes.bfloat16]
 ROW_FACTORS = [0.2697867137638703, 0.5, 1.0, 2.0, 0.999999, 1e-3, 1e-6, 3.7, 65504 / 3, 2.0 ** -20, 1 / 3,
                0.7071067811865476, 1.0000000000000002, 2.0 ** -14 * 1.5]
+ROW_PATHS = {"C": "_scale_rows16_fused", "tables": "_scale_rows_by_tables"}
 
 
-def tables_used(monkeypatch):
-    used = []
-    real = kernels_module._scale_rows_by_tables
+class Used(list):
+    path = ""
+
+
+@pytest.fixture(params=list(ROW_PATHS))
+def row_path(request, monkeypatch):
+    """The fast path under test; returns the list its spy appends each call's result to."""
+    if request.param == "tables":
+        monkeypatch.setattr(kernels_module, "_fused", None)
+    elif kernels_module._fused is None:
+        pytest.skip("tclip.core._fused is not built")
+    name = ROW_PATHS[request.param]
+    used = Used()
+    real = getattr(kernels_module, name)
 
     def spy(x, factor, scratch):
         used.append(real(x, factor, scratch))
         return used[-1]
 
-    monkeypatch.setattr(kernels_module, "_scale_rows_by_tables", spy)
+    monkeypatch.setattr(kernels_module, name, spy)
+    used.path = request.param
     return used
 
 
 @pytest.mark.parametrize("dtype", ROW_TABLE_DTYPES, ids=lambda d: np.dtype(d).name)
-def test_row_tables_on_every_value_and_many_factors(dtype, monkeypatch):
+def test_row_paths_on_every_value_and_many_factors(dtype, row_path, monkeypatch):
     monkeypatch.setattr(kernels_module, "_ROW_TABLE_MISSES", 1)  # the arithmetic path may take any share
-    used = tables_used(monkeypatch)
     every = np.arange(1 << 16, dtype=np.uint16).view(dtype)
     factors = np.array(ROW_FACTORS).reshape(-1, 1)
     same_as_reference(np.tile(every, (len(ROW_FACTORS), 1)), factors, Scratch())
     same_as_reference(np.tile(every, (len(ROW_FACTORS), 1))[::-1].copy(), factors)
-    assert used == [True, True]
+    assert row_path == [True, True]
 
 
 @pytest.mark.parametrize("dtype", ROW_TABLE_DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("shape", [(64, 4096), (150, 1031), (3, 600, 7), (2, 70_000)])
-def test_row_tables_on_gradient_like_units(dtype, shape, monkeypatch):
-    used = tables_used(monkeypatch)
+def test_row_paths_on_gradient_like_units(dtype, shape, row_path):
     rng = np.random.default_rng(34)
     x = (rng.standard_normal(shape) * 3).astype(dtype)
     x.reshape(-1)[::997] = 0  # zeros, a few subnormals and an Inf take the arithmetic path
@@ -160,21 +174,21 @@ def test_row_tables_on_gradient_like_units(dtype, shape, monkeypatch):
     factors = rng.uniform(0.001, 1, (shape[0],) + (1,) * (len(shape) - 1))
     factors.reshape(-1)[::5] = 1.0
     same_as_reference(x, factors, Scratch())
-    assert used == [True]
+    assert row_path == [True]
 
 
 @pytest.mark.parametrize("dtype", ROW_TABLE_DTYPES, ids=lambda d: np.dtype(d).name)
-def test_row_tables_step_aside(dtype, monkeypatch):
-    used = tables_used(monkeypatch)
+def test_row_paths_step_aside(dtype, row_path):
     rng = np.random.default_rng(35)
     x = (rng.standard_normal((64, 2048)) * 3).astype(dtype)
     for factors in (np.zeros((64, 1)), np.full((64, 1), np.nan), np.full((64, 1), np.inf), np.full((64, 1), 1e-300),
                     np.full((64, 1), 1e300)):
         same_as_reference(x, factors, Scratch())
-    x[:, ::4] = 0  # a quarter of zeros: the arithmetic path would take too many
+    x[:, ::4] = 0  # a quarter of zeros: the tables' arithmetic path would take too many
     same_as_reference(x, rng.uniform(0, 1, (64, 1)), Scratch())
     same_as_reference(x[:, :100].copy(), rng.uniform(0, 1, (64, 1)), Scratch())  # rows too short for a table
-    assert used == [False] * 7
+    # C takes any factor in [0, 2**900) and any row length; the tables step aside for all of these
+    assert row_path == ([True, False, False, True, False, True, True] if row_path.path == "C" else [False] * 7)
 
 
 @pytest.mark.parametrize("factor", [0.5, 0.0, 1e300, 1e-300, np.nan, np.inf])
