@@ -121,6 +121,27 @@ def test_a_run_that_meets_no_hdf5_file_never_imports_h5py(tmp_path):
     assert result.stdout.split() == ["False", "True"]  # the format module is there, its library is not
 
 
+def test_a_run_that_meets_no_pytorch_or_gguf_file_never_imports_their_parsers(tmp_path):
+    """Start-up pays for what the files at hand need: the pickle machine, zipfile, the GGUF
+    header parser and block arithmetic, secrets and socket cost some 30 ms together."""
+    np.save(tmp_path / "g.npy", np.ones((4, 4), np.float32))
+    (tmp_path / "p.pt").write_bytes(b"\x80\x02not a pickle at all")  # sniffed, so the parser is loaded
+    heavy = ["tclip.formats._torch_pickle", "tclip.formats._torch_archive", "zipfile", "tclip.formats._gguf_header",
+             "tclip.core.ggml_blocks", "secrets", "socket"]
+    code = ("import sys\n"
+            "from click.testing import CliRunner\n"
+            "from tclip.cli import cli\n"
+            f"for args in (['report', {str(tmp_path / 'g.npy')!r}], ['norm', '--clip', '1', {str(tmp_path / 'g.npy')!r}]):\n"
+            "    assert CliRunner().invoke(cli, args).exit_code == 0\n"
+            f"print(*[m in sys.modules for m in {heavy!r}])\n"
+            f"CliRunner().invoke(cli, ['report', {str(tmp_path / 'p.pt')!r}])\n"
+            "print('tclip.formats._torch_pickle' in sys.modules)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    first, second = result.stdout.splitlines()
+    assert first.split() == ["False"] * len(heavy)
+    assert second == "True"
+
+
 def test_a_malformed_toy_file_is_one_clean_error(tmp_path, toy):
     (tmp_path / "bad.toy").write_bytes(toy.MAGIC + b"\xff\xff\xff\x7f")  # a count of tensors that is not there
     result = run("report", tmp_path / "bad.toy")

@@ -184,7 +184,7 @@ def test_a_link_planted_at_the_journal_is_never_written_through(tmp_path, victim
 
 def test_a_link_planted_at_the_temporary_name_is_never_followed(tmp_path, monkeypatch, victim):
     source = grads(tmp_path / "g.npz")
-    monkeypatch.setattr(atomic.secrets, "token_hex", lambda n: "0badc0de")
+    monkeypatch.setattr(atomic, "_token", lambda: "0badc0de")
     temp = tmp_path / f".g.clipped.npz.{atomic._HOST}.{os.getpid()}.0badc0de.tclip-tmp"
     temp.symlink_to(victim)
     with pytest.raises(TclipError, match="cannot write to this folder"):

@@ -23,20 +23,19 @@ tensors is written anew, at the same offsets. Nothing is converted to or from GG
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Callable, Collection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..core import ggml_blocks as gb
 from ..core.kernels import UnitMoments, reduce_unit
 from ..core.quant import Findings, ScaleFindings
 from ..errors import FormatError, TclipError, UnsupportedError
 from ..messages import Option
-from ._gguf_header import GGUF_MAGIC, GgufArray, GgufHeader, GgufLongString, GgufTensor, parse_gguf
 from ._io import copy_except, flat_result, pread_into
 from .atomic import AtomicOutput
 from .base import (
@@ -50,6 +49,17 @@ from .base import (
     read_region,
 )
 
+if TYPE_CHECKING:
+    from ._gguf_header import GgufHeader, GgufTensor
+
+
+def _blocks() -> Any:
+    """tclip.core.ggml_blocks, imported on first use: with the header parser it costs some
+    8 ms, which a command that meets no GGUF file need not pay."""
+    from ..core import ggml_blocks
+
+    return ggml_blocks
+
 NAME = "gguf"
 SUFFIXES = (".gguf",)
 HOLDS_METADATA = True
@@ -57,8 +67,15 @@ HOLDS_METADATA = True
 # Plain types: the stored elements are the values (F16/F32/F64 in the file's byte order).
 _PLAIN = {0: "f4", 1: "f2", 28: "f8", 24: "i1", 25: "i2", 26: "i4", 27: "i8"}
 BF16 = 30
-# Quantized types whose values tclip computes and whose scales it rewrites.
-QUANTIZED = frozenset(t for t in gb.GGML_TYPES if gb.is_supported(t) and gb.can_scale(t))
+
+
+@functools.cache
+def quantized_types() -> frozenset[int]:
+    """Quantized types whose values tclip computes and whose scales it rewrites."""
+    blocks = _blocks()
+    return frozenset(t for t in blocks.GGML_TYPES if blocks.is_supported(t) and blocks.can_scale(t))
+
+
 # Bytes of blocks read at once by a rescale or a value source.
 _BAND_BYTES = 8 << 20
 # How far a rescaled tensor's norm (or row's, with one factor per row) may land from the
@@ -70,7 +87,7 @@ MAX_SCALE_ROUNDING = 2.0 ** -9
 
 def sniff(head: bytes, size: int) -> bool:
     """GGUF's magic (the same four bytes in little- and big-endian files)."""
-    return head.startswith(GGUF_MAGIC)
+    return head.startswith(b"GGUF")  # _gguf_header.GGUF_MAGIC
 
 
 def _bfloat16() -> np.dtype:
@@ -84,6 +101,8 @@ def _bfloat16() -> np.dtype:
 
 def _metadata_value(value: Any, kind: Any) -> Any:
     """A metadata value as plain data (long arrays and strings summarised, never whole)."""
+    from ._gguf_header import GgufArray, GgufLongString
+
     if isinstance(value, GgufArray):
         return {"array": value.element_type.name, "length": value.length,
                 "first": [_metadata_value(v, value.element_type) for v in value.head]}
@@ -128,7 +147,7 @@ class GgmlBlocks(Encoding):
 
     def __init__(self, name: str, shape: tuple[int, ...], type_id: int, byteorder: str, nbytes: int) -> None:
         self.name, self.shape, self.type_id, self.byteorder = name, shape, type_id, byteorder
-        kind = gb.GGML_TYPES[type_id]
+        kind = _blocks().GGML_TYPES[type_id]
         self.block_elements, self.block_bytes = kind.block_elements, kind.block_bytes
         self._nbytes = nbytes
         self.row = shape[-1] if shape else 1
@@ -157,7 +176,7 @@ class GgmlBlocks(Encoding):
         per_row = _row_factors(np.asarray(factor), self.rows)
         if per_row is None:
             single = float(np.asarray(factor).reshape(-1)[0])
-            out = gb.scale_blocks(self.type_id, blocks.reshape(-1), single, self.byteorder).data
+            out = _blocks().scale_blocks(self.type_id, blocks.reshape(-1), single, self.byteorder).data
             factors: float | np.ndarray = single
         else:
             per = self.row // self.block_elements  # blocks of a row
@@ -167,7 +186,7 @@ class GgmlBlocks(Encoding):
                 if value == 1.0:
                     continue  # d * 1 rounds to d: nothing to do
                 chosen = factors == value
-                out[chosen] = gb.scale_blocks(self.type_id, blocks[chosen].reshape(-1), float(value),
+                out[chosen] = _blocks().scale_blocks(self.type_id, blocks[chosen].reshape(-1), float(value),
                                               self.byteorder).data.reshape(-1, self.block_bytes)
             out = out.reshape(-1)
         return out
@@ -180,10 +199,10 @@ class GgmlBlocks(Encoding):
         per = self.row // self.block_elements
         row = first // self.row
         if first % self.row == 0 and blocks % per == 0:  # whole rows
-            sums = gb.block_stats(self.type_id, raw, self.byteorder, group_blocks=per, extremes=False)
+            sums = _blocks().block_stats(self.type_id, raw, self.byteorder, group_blocks=per, extremes=False)
             out[row:row + blocks // per] += sums.sum_of_squares
         else:  # a piece of one long row
-            out[row] += gb.block_stats(self.type_id, raw, self.byteorder, group_blocks=blocks,
+            out[row] += _blocks().block_stats(self.type_id, raw, self.byteorder, group_blocks=blocks,
                                        extremes=False).sum_of_squares[0]
 
     def check_landing(self, before: np.ndarray, after: np.ndarray, factor: np.ndarray, path: object) -> None:
@@ -245,7 +264,7 @@ class NotUnderstood(Encoding):
     """A GGUF tensor of a ggml type tclip does not compute (IQ*, TQ*, Q8_K, MXFP4, ...)."""
 
     def __init__(self, name: str, shape: tuple[int, ...], type_id: int, nbytes: int) -> None:
-        kind = gb.type_name(type_id)
+        kind = _blocks().type_name(type_id)
         self.name, self._nbytes = name, nbytes
         self._summary = EncodingSummary(kind, "GGUF (ggml blocks)", ((name, "blocks", "uint8", (nbytes,)),),
                                         (), "none", problem=f"ggml type {kind} is not supported")
@@ -291,7 +310,7 @@ class BlockValues:
                          np.uint8)
         result = flat_result(self.dtype, stop - start, out)
         done = 0
-        for values in gb.dequantize_bands(e.type_id, raw, e.byteorder):
+        for values in _blocks().dequantize_bands(e.type_id, raw, e.byteorder):
             lo = max(start, first + done)
             hi = min(stop, first + done + values.size)
             if hi > lo:
@@ -336,7 +355,8 @@ class BlockReducer:
             lo, hi = grid.bounds(k)
             part = raw[e.byte_of(lo - start):e.byte_of(hi - start)]
             if as_values:
-                values = gb.dequantize(e.type_id, part, e.byteorder).astype(np.float64).reshape(grid.unit_shape(k))
+                values = _blocks().dequantize(e.type_id, part, e.byteorder).astype(np.float64)
+                values = values.reshape(grid.unit_shape(k))
                 moments = UnitMoments() if stats.track_moments else None
                 with np.errstate(invalid="ignore", over="ignore"):  # NaN/Inf blocks: counted, not warned about
                     result = reduce_unit(values, scratch, stats.axes, stats.track_l1, moments)
@@ -344,7 +364,7 @@ class BlockReducer:
             else:
                 blocks = (hi - lo) // e.block_elements
                 group = min(e.row, hi - lo) // e.block_elements if per_row else blocks
-                s = gb.block_stats(e.type_id, part, e.byteorder, group_blocks=max(group, 1))
+                s = _blocks().block_stats(e.type_id, part, e.byteorder, group_blocks=max(group, 1))
                 sum_sq: Any = s.sum_of_squares if per_row else float(s.sum_of_squares[0])
                 results.append((sum_sq, float(s.minimum.min()), float(s.maximum.max()), int(s.nan_count.sum()),
                                 int(s.inf_count.sum()), 0.0, hi - lo, None))
@@ -360,7 +380,7 @@ def _scan_fields(findings: Findings, e: GgmlBlocks, part: np.ndarray, first_bloc
     Integer tests on the fields' bits, read in place (a strided view where the block size
     and the field's offset are even): the magnitude of an f16 orders like its bits."""
     blocks = np.asarray(part, np.uint8).reshape(-1, e.block_bytes)
-    fields = gb.GGML_TYPES[e.type_id].scale_fields
+    fields = _blocks().GGML_TYPES[e.type_id].scale_fields
     grid = e.shape[:-1] + (e.row // e.block_elements,) if e.shape else (e.blocks,)
     for index, (at, _) in enumerate(fields):
         label = "d" if index == 0 else ("dmin" if e.block_elements == 256 else "m")
@@ -403,6 +423,8 @@ class GgufReader(TensorReader):
 
     def __init__(self, path: Path) -> None:
         super().__init__(path)
+        from ._gguf_header import parse_gguf
+
         self.header: GgufHeader = parse_gguf(path)
         self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         try:
@@ -436,7 +458,7 @@ class GgufReader(TensorReader):
             if order == ">":
                 self._swapped.add(name)
             self.tensors[name] = TensorInfo(name, shape, _bfloat16())
-        elif kind in QUANTIZED:
+        elif kind in quantized_types():
             self.tensors[name] = TensorInfo(name, shape, np.dtype(np.float16), dtype_label=tensor.type_name,
                                             encoding=GgmlBlocks(name, shape, kind, order, tensor.nbytes))
         else:

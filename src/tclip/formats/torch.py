@@ -37,7 +37,7 @@ import threading
 import zlib
 from collections.abc import Collection, Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -45,10 +45,12 @@ from ..core.units import Index, flat_rectangles
 from ..errors import FormatError, UnsupportedError
 from ._blocks import contiguous_span, normalize_index
 from ._io import as_bytes, copy_except, pread_into, pwrite_all
-from ._torch_archive import NonTensor, StorageInfo, TorchArchive, load_torch_archive, sniff_torch
-from ._torch_pickle import TensorRef, TorchValue
 from .atomic import AtomicOutput
 from .base import OtherObject, TensorInfo, TensorReader, TensorWriter, read_region
+
+if TYPE_CHECKING:  # imported where used: the pickle machine and zipfile cost 10 ms of every command's start-up
+    from ._torch_archive import NonTensor, StorageInfo, TorchArchive
+    from ._torch_pickle import TensorRef
 
 NAME = "pytorch"
 SUFFIXES = (".pt", ".pth", ".bin")
@@ -84,7 +86,11 @@ def sniff(head: bytes, size: int) -> bool:
         folder, _, rest = name.partition("/")
         return bool(folder) and (rest in _FIRST_RECORDS or rest.startswith(_FIRST_FOLDERS))
     # every legacy file starts with pickle's PROTO; the interpreter then reads the magic number
-    return head.startswith(b"\x80") and sniff_torch(head) == "legacy"
+    if not head.startswith(b"\x80"):
+        return False
+    from ._torch_archive import sniff_torch
+
+    return sniff_torch(head) == "legacy"
 
 
 class View(NamedTuple):
@@ -197,6 +203,8 @@ class TorchReader(TensorReader):
         self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         try:
             before = os.fstat(self._fd)
+            from ._torch_archive import load_torch_archive
+
             self.archive = load_torch_archive(path)
             after = os.stat(path)
             if (before.st_dev, before.st_ino, before.st_size, before.st_mtime_ns) != \
@@ -377,6 +385,8 @@ def _other(leaf: NonTensor) -> OtherObject:
 
 
 def _value_text(value: Any) -> str:
+    from ._torch_pickle import TorchValue
+
     if isinstance(value, TorchValue):
         return f"torch.{value.text}" if value.kind == "dtype" else value.text
     if value is None or isinstance(value, bool | int | float | complex):
