@@ -497,9 +497,9 @@ def scale_unit(x: np.ndarray, factor: np.ndarray | float, scratch: Scratch | Non
     Returns the new values in float64 when they are at hand (else None).
 
     The same bits by every path: 16- and 8-bit floats with one factor through a table of
-    all their results; float16/bfloat16 with one factor per row through per-row tables;
-    rows whose factors are all 1 left alone; float32 in one NumPy call; the rest widened,
-    multiplied and rounded back.
+    all their results; float16/bfloat16 with one factor per row element by element in C
+    (through per-row tables without the extension); rows whose factors are all 1 left
+    alone; float32 in one C or NumPy call; the rest widened, multiplied and rounded back.
     """
     if x.dtype.itemsize <= 2 and np.ndim(factor) == 0 and x.flags.c_contiguous and x.dtype.kind in "fV":
         _scale_by_table(x, float(factor), scratch)
