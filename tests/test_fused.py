@@ -429,3 +429,21 @@ def test_the_lookup_on_misaligned_data():
     data[:] = np.arange(1000, dtype=np.uint16) * 37
     kernels._fused.lookup(data, table)
     assert data.tolist() == [65535 - (i * 37) for i in range(1000)]
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16, np.float32], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("columns", [100, 2048])
+def test_units_that_start_on_an_odd_byte_scale_per_row_as_the_reference(dtype, columns, copies):
+    """A unit NumPy holds at an odd address (np.frombuffer at an offset) is not the C loops'
+    to scale (they read aligned elements): another path takes it, with the same bits."""
+    from tclip.core.kernels import scale_unit
+    from tclip.core.modes import apply_scale
+
+    itemsize = np.dtype(dtype).itemsize
+    values = (np.random.default_rng(7).standard_normal((64, columns)) * 3).astype(dtype)
+    for factor in (np.random.default_rng(8).uniform(0, 1, (64, 1)), 0.37):
+        x = np.frombuffer(bytearray(itemsize * values.size + 1), dtype=dtype, offset=1).reshape(values.shape)
+        assert not x.flags.aligned
+        x[...] = values
+        scale_unit(x, factor, Scratch(x.size))  # in place: a copy would be aligned
+        assert x.tobytes() == apply_scale(values, factor).tobytes()

@@ -622,7 +622,8 @@ def _scale_rows16_fused(x: np.ndarray, factor: np.ndarray, scratch: Scratch | No
     64 x 4096 units, one core, per element: float16 1.9-2.2 ns with the per-row tables
     that came before it (built in C, misses scaled with NumPy) -> 0.8 ns; bfloat16 0.7 ->
     0.45 ns. (The per-row tables in NumPy, the way without the extension: 4.0 and 2.4.)"""
-    if _fused is None or not x.flags.c_contiguous or x.dtype.byteorder not in "=<|" or not x.size:
+    if _fused is None or not (x.flags.c_contiguous and x.flags.aligned) or x.dtype.byteorder not in "=<|" \
+            or not x.size:
         return False
     rows = x.shape[0]
     factors = np.ascontiguousarray(factor, np.float64).reshape(-1)
