@@ -506,8 +506,9 @@ def scale_unit(x: np.ndarray, factor: np.ndarray | float, scratch: Scratch | Non
         return None
     if x.ndim and x.shape[0] > 1 and np.ndim(factor) == x.ndim and np.shape(factor)[0] == x.shape[0] \
             and x.flags.c_contiguous and x.dtype in _INF_BITS:
-        if x.dtype in _ROW_TABLES and (_scale_rows16_fused(x, np.asarray(factor, np.float64), scratch)
-                                       or _scale_rows_by_tables(x, np.asarray(factor, np.float64), scratch)):
+        factors = np.asarray(factor, np.float64)
+        if x.dtype in _ROW_TABLES and (_scale_rows16_fused(x, factors, scratch)
+                                       or _scale_rows_by_tables(x, factors, scratch)):
             return None
         return _scale_rows(x, np.asarray(factor), scratch)
     return _scale_whole(x, factor, scratch)
