@@ -344,7 +344,7 @@ def test_report_summary_across_steps_saved_by_torch_save(tmp_path):
     rows = [json.loads(line) for line in result.stdout.splitlines()]
     assert [Path(r["file"]).name for r in rows] == ["step_100.pt", "step_200.pt", "step_300.pt", "step_400.pt"]
     text = ok("report", "--summary", str(tmp_path / "step_*.pt")).stdout
-    assert "model.layers.1.self_attn.q_proj.weight  step_200 → step_300" in text
+    assert "NaN/Inf appeared in 1 tensor at step_300: model.layers.1.self_attn.q_proj.weight" in text
 
 
 def test_diff_of_a_pt_and_the_safetensors_of_the_same_model(tmp_path):

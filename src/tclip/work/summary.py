@@ -1,9 +1,10 @@
 """``report --summary``'s data: files in natural order (or as given), each one's largest
-tensor, the tensors whose norm changed most between consecutive files, and the labels
-that tell the files apart."""
+tensor, the tensors whose norm changed most between consecutive files, those in which
+NaN/Inf appeared or went, and the labels that tell the files apart."""
 
 from __future__ import annotations
 
+import enum
 import math
 import os
 import re
@@ -85,32 +86,70 @@ def largest_tensor(report: FileReport) -> tuple[str | None, float | None]:
     return top.name, top.norm
 
 
-def changes(previous: FileReport, current: FileReport, top: int = TOP_CHANGES) -> list[dict[str, Any]]:
-    """Tensors of both files ranked by how much their norm changed (NaN/Inf appearing first)."""
+class ChangeKind(str, enum.Enum):
+    """How a tensor's norm changed between two files (the JSON's ``kind``)."""
+
+    RATIO = "ratio"  # both norms finite and non-zero: by the factor ``ratio``
+    FROM_ZERO = "from_zero"
+    TO_ZERO = "to_zero"
+
+
+def nonfinite_events(previous: FileReport, current: FileReport) -> tuple[list[str], list[str]]:
+    """The tensors of both files in which NaN/Inf appeared, and those it left, in natural order.
+    NaN/Inf that stays from one file to the next is neither: nothing changed that a norm shows."""
     before = {t.name: t for t in previous.tensors if t.norm is not None}
-    out = []
+    appeared, gone = [], []
     for t in current.tensors:
         old = before.get(t.name)
-        if old is None or t.norm is None or old.norm is None:
+        if old is None or t.norm is None:
             continue
-        new_bad = bool(t.nonfinite) and not old.nonfinite
-        if old.norm > 0 and t.norm > 0 and math.isfinite(old.norm) and math.isfinite(t.norm):
-            ratio = t.norm / old.norm
+        if t.nonfinite and not old.nonfinite:
+            appeared.append(t.name)
+        elif old.nonfinite and not t.nonfinite:
+            gone.append(t.name)
+    return sorted(appeared, key=natural_key), sorted(gone, key=natural_key)
+
+
+def _finite(t: Any) -> bool:
+    return t.norm is not None and not t.nonfinite and math.isfinite(t.norm)
+
+
+def changes(previous: FileReport, current: FileReport, top: int = TOP_CHANGES) -> list[dict[str, Any]]:
+    """The ``top`` tensors of both files whose finite norm changed most (by the factor of change;
+    from or to 0 first). NaN/Inf appearing or going is an event of its own (:func:`nonfinite_events`):
+    grouped, it never fills the list and pushes a real change out."""
+    before = {t.name: t.norm for t in previous.tensors if _finite(t)}
+    scored: list[tuple[float, dict[str, Any]]] = []
+    for t in current.tensors:
+        old = before.get(t.name)
+        new = t.norm
+        if old is None or new is None or not _finite(t) or old == new:
+            continue
+        if old > 0 and new > 0:
+            ratio, kind = new / old, ChangeKind.RATIO
             score = abs(math.log(ratio))
-        elif old.norm == t.norm:
-            ratio, score = 1.0, 0.0
         else:
-            ratio = math.inf if old.norm == 0 else math.nan
-            score = math.inf
-        if new_bad:
+            ratio, kind = (math.inf, ChangeKind.FROM_ZERO) if old == 0 else (0.0, ChangeKind.TO_ZERO)
             score = math.inf
         if score > 0:
-            out.append({"name": t.name, "norm_before": old.norm, "norm_after": t.norm, "ratio": ratio,
-                        "nonfinite_appeared": new_bad, "_score": score})
-    out.sort(key=lambda c: (-c["_score"], natural_key(c["name"])))
-    for item in out:
-        del item["_score"]
+            scored.append((score, {"name": t.name, "norm_before": old, "norm_after": new, "ratio": ratio,
+                                   "kind": kind.value}))
+    scored.sort(key=lambda c: (-c[0], natural_key(c[1]["name"])))
+    out = [item for _, item in scored]
     return out[:top]
+
+
+def largest_changes(steps: list[FileReport], top: int = TOP_CHANGES) -> list[tuple[dict[str, Any], str, str]]:
+    """(change, previous file, file) of the ``top`` largest changes between consecutive files
+    (in step order), largest first; ties in step order."""
+    moves = []
+    for position, (previous, current) in enumerate(zip(steps, steps[1:])):
+        for change in changes(previous, current, top):
+            ratio = change["ratio"]
+            score = abs(math.log(ratio)) if change["kind"] == ChangeKind.RATIO.value else math.inf
+            moves.append((-score, position, change, previous.file, current.file))
+    moves.sort(key=lambda m: (m[0], m[1]))
+    return [(change, a, b) for _, _, change, a, b in moves[:top]]
 
 
 def summary_json(reports: list[FileReport], name: Naming = library_name, *, sort: str = "name",
@@ -125,6 +164,7 @@ def summary_json(reports: list[FileReport], name: Naming = library_name, *, sort
         i = position[id(report)]
         name, norm = largest_tensor(report)
         bad = [t for t in report.tensors if t.nonfinite]
+        events = nonfinite_events(ordered[i - 1], report) if i else ([], [])
         items.append(json_safe({
             "schema": SCHEMA_VERSION,
             "mode": "summary",
@@ -136,6 +176,8 @@ def summary_json(reports: list[FileReport], name: Naming = library_name, *, sort
                           "inf": sum(t.inf for t in bad)},
             "previous": ordered[i - 1].file if i else None,
             "changes": changes(ordered[i - 1], report, top) if i else [],
+            "nonfinite_appeared": events[0],
+            "nonfinite_gone": events[1],
             "warnings": [spelled(w, naming) for w in report.warnings],
         }))
     return items

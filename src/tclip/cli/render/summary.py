@@ -5,23 +5,42 @@ Files come in natural order (``step_9`` before ``step_10``; ``--sort order``: as
 differs (``checkpoint-700``). Each row gives the file's global norm, its largest tensor,
 NaN/Inf counts; a sparkline shows the global norm across the files (scaled around the
 median, so noise is flat: :func:`~tclip.cli.render.table.trend_sparkline`); then the
-tensors whose norm changed most between consecutive files (by the factor of change,
-NaN/Inf appearing first).
+tensors whose norm changed most between consecutive files (by the factor of change),
+after a line for each file where NaN/Inf appeared in tensors or left them.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from rich.console import Console
 from rich.text import Text
 
-from ...text import fmt_column, safe
+from ...text import fmt_column, name_list, safe
 from ...work.results import FileReport
-from ...work.summary import TOP_CHANGES, changes, file_labels, in_row_order, in_step_order, largest_tensor
+from ...work.summary import (
+    TOP_CHANGES,
+    file_labels,
+    in_row_order,
+    in_step_order,
+    largest_changes,
+    largest_tensor,
+    nonfinite_events,
+)
 from .report import gave_way_line
-from .table import Column, lay_out, name_floor, print_lines, shorten_names, symbols_for, trend_sparkline
+from .table import (
+    Column,
+    Symbols,
+    lay_out,
+    name_floor,
+    print_lines,
+    shorten_names,
+    symbols_for,
+    trend_sparkline,
+)
+
+# How many tensors a line of NaN/Inf appearing names before "and N more" (JSON lists them all).
+FEW = 3
 
 
 def render_across_files(reports: list[FileReport], console: Console, width: int | None, *, sort: str = "name",
@@ -58,17 +77,13 @@ def render_across_files(reports: list[FileReport], console: Console, width: int 
     lines = [Text(f"{len(steps)} files, global norm {spark}", style="bold")]
     lines += lay_out([safe(labels[r.file]) for r in rows], columns, width, symbols, name_header="file",
                      gave_way=gave_way)
-    moves = []
-    for previous, current in zip(steps, steps[1:]):
-        for change in changes(previous, current, top):
-            moves.append((change, previous.file, current.file))
-    moves.sort(key=lambda m: (not m[0]["nonfinite_appeared"],
-                              -abs(math.log(m[0]["ratio"])) if m[0]["ratio"] and math.isfinite(m[0]["ratio"])
-                              and m[0]["ratio"] > 0 else -math.inf))
-    moves = moves[:top]
-    if moves:
+    moves = largest_changes(steps, top)
+    events = nonfinite_lines(steps, labels, width, symbols)
+    if moves or events:
         lines.append(Text(""))
         lines.append(Text("largest changes between consecutive files", style="bold"))
+        lines += events
+    if moves:
         cols = [
             Column("where", "between", [Text(f"{safe(labels[a])} {symbols.arrow} {safe(labels[b])}")
                                         for _, a, b in moves]),
@@ -76,9 +91,7 @@ def render_across_files(reports: list[FileReport], console: Console, width: int 
                    "right", drop=1),
             Column("after", "after", [Text(x) for x in fmt_column([c["norm_after"] for c, _, _ in moves])], "right",
                    drop=2),
-            Column("ratio", "change", [Text(_ratio(c, symbols.times),
-                                            style="bold red" if c["nonfinite_appeared"] else None)
-                                       for c, _, _ in moves], "right"),
+            Column("ratio", "change", [Text(_ratio(c, symbols.times)) for c, _, _ in moves], "right"),
         ]
         lines += lay_out([c["name"] for c, _, _ in moves], cols, width, symbols, gave_way=gave_way)
     if gave_way and width is not None:
@@ -87,13 +100,44 @@ def render_across_files(reports: list[FileReport], console: Console, width: int 
     console.print()
 
 
-def _ratio(change: dict[str, Any], times: str) -> str:
-    if change["nonfinite_appeared"]:
-        return "NaN/Inf"
-    ratio = change["ratio"]
-    if not math.isfinite(ratio):
-        if ratio == math.inf:
-            return "from 0"
-        return "NaN/Inf gone" if not math.isfinite(change["norm_before"]) else "nan"
-    return f"{times}{ratio:.3g}"
+def nonfinite_lines(steps: list[FileReport], labels: dict[str, str], width: int | None,
+                   symbols: Symbols) -> list[Text]:
+    """A line per file where NaN/Inf appeared in tensors (or left them): one event, however many
+    tensors it touched, with a few of their names as the width allows."""
+    lines = []
+    for previous, current in zip(steps, steps[1:]):
+        appeared, gone = nonfinite_events(previous, current)
+        for names, what, style in ((appeared, "appeared in", "bold red"), (gone, "gone from", "green")):
+            if names:
+                count = f"{len(names):,} tensors" if len(names) > 1 else "1 tensor"
+                head = f"NaN/Inf {what} {count} at {safe(labels[current.file])}: "
+                lines.append(Text(head + _some_names(names, None if width is None else width - len(head),
+                                                     symbols), style=style))
+    return lines
 
+
+def _some_names(names: list[str], room: int | None, symbols: Symbols) -> str:
+    """A few of ``names`` (as many as fit in ``room``; None: unlimited), then how many more; the first one
+    shortened (never below what tells it apart) when even it alone does not fit."""
+    for limit in range(min(len(names), FEW), 0, -1):
+        text = name_list([safe(n) for n in names], limit)
+        if room is None or len(text) <= room:
+            return text
+    more = f" and {len(names) - 1:,} more" if len(names) > 1 else ""
+    first = shorten_names([names[0]], max(1, (room or 0) - len(more)), symbols.ellipsis)[names[0]]
+    return safe(first) + more
+
+
+def _ratio(change: dict[str, Any], times: str) -> str:
+    """A change as a factor: ``×9,617``, ``×0.953``, with the digits that tell 1.003 from 1."""
+    if change["kind"] == "from_zero":
+        return "from 0"
+    if change["kind"] == "to_zero":
+        return "to 0"
+    ratio = change["ratio"]
+    if ratio >= 1000:
+        return f"{times}{ratio:,.0f}"
+    digits = 3
+    while digits < 17 and float(f"{ratio:.{digits}g}") == 1.0:
+        digits += 1
+    return f"{times}{ratio:.{digits}g}"

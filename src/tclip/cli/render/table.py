@@ -107,14 +107,35 @@ def _render(segments: list[str], separators: list[str], shown: set[int], ellipsi
     return out
 
 
+def _anchored(segments: list[str], shown: set[int]) -> set[int]:
+    """``shown`` with the segment before each shown number (``layers`` of ``layers.7``): an
+    ellipsis right before a number would read as part of it (``…7`` may be ``17``)."""
+    out = set(shown)
+    for i in sorted(shown, reverse=True):
+        while i > 0 and segments[i][:1].isdigit() and (i - 1) not in out:
+            out.add(i - 1)
+            i -= 1
+    return out
+
+
+def _tail(name: str, width: int, ellipsis: str) -> str:
+    """The end of ``name`` after an ellipsis, never starting inside a number or at a separator."""
+    start = len(name) - (width - len(ellipsis))
+    while start < len(name) and (name[start].isdigit() or name[start] in "./:"):
+        start += 1
+    return ellipsis + name[start:] if start < len(name) else name
+
+
 def abbreviate(name: str, width: int, prefer: Sequence[int] = (), ellipsis: str = "…") -> str:
     """``name`` in at most ``width`` characters, keeping what tells it apart.
 
     Segments (split at ``.``, ``/``, ``:``) are revealed in this order: those in
     ``prefer`` (indices that differ from similar names), the last one, every
     segment holding a digit, the one before the last, the one before each
-    numbered segment, the first, then the rest from the end. Hidden runs
-    become ``…``. When even the first choices do not fit, the end of the name is kept.
+    numbered segment, the first, then the rest from the end; one that does not fit is
+    passed over. Hidden runs become ``…``, never right before a number (the segment
+    before it is shown with it: ``…layers.7.``, not ``…7.``, which reads as 17). When
+    not even the last segment fits, the end of the name is kept, never cut inside a number.
     """
     if len(name) <= width:
         return name
@@ -129,27 +150,26 @@ def abbreviate(name: str, width: int, prefer: Sequence[int] = (), ellipsis: str 
     shown: set[int] = set()
     best = None
     for i in order:
-        candidate = _render(segments, separators, shown | {i}, ellipsis)
+        wanted = _anchored(segments, shown | {i})
+        candidate = _render(segments, separators, wanted, ellipsis)
         if len(candidate) <= width:
-            shown.add(i)
+            shown = wanted
             best = candidate
-        elif best is None:
-            break
-    if best is not None and len(best) <= width:
+    if best is not None and n - 1 in shown:
         return best
-    return ellipsis + name[len(name) - (width - len(ellipsis)):] if width > len(ellipsis) else name[:width]
+    return _tail(name, width, ellipsis) if width > len(ellipsis) else name[:width]
 
 
 def essential(name: str, ellipsis: str = "…") -> str:
     """The shortest form :func:`abbreviate` ever gives ``name``: its last segment, every
-    numbered segment (``17``) and the one before the last (``k_proj``) -- what tells a
-    tensor apart from its neighbours -- so ``…17.…k_proj.weight``. A column is never
-    narrower than this (see :func:`name_floor`)."""
+    numbered segment (``17``, with the one before it: ``layers.17``) and the one before the
+    last (``k_proj``) -- what tells a tensor apart from its neighbours -- so
+    ``…layers.17.…k_proj.weight``. A column is never narrower than this (see :func:`name_floor`)."""
     segments, separators = _split(name)
     n = len(segments)
     shown = {i for i in (n - 1, n - 2, *[i for i, s in enumerate(segments) if any(c.isdigit() for c in s)])
              if 0 <= i < n}
-    short = _render(segments, separators, shown, ellipsis)
+    short = _render(segments, separators, _anchored(segments, shown), ellipsis)
     return short if len(short) < len(name) else name
 
 
