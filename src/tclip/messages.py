@@ -33,6 +33,7 @@ class Option(enum.Enum):
     AXES = "axes"
     MAP = "the mapping"
     DASK = "dask_address"
+    TENSORS_ONLY = "tensors_only=True"
 
 
 Message = Union[str, tuple[Union[str, Option], ...]]

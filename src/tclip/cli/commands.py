@@ -271,6 +271,8 @@ def info_command(ctx: click.Context, **kwargs: Any) -> None:
 @click.option("--sort", type=click.Choice(["diff", "name", "order"]), default="diff", show_default=True,
               help="Rows by relative difference (largest first), by name, or in A's order.")
 @click.option("--top", type=click.IntRange(min=1), default=None, help="Only the K largest differences.")
+@click.option("--tensors-only", is_flag=True,
+              help="Metadata and attribute differences are listed but do not count: the verdict is the tensors'.")
 @budget_options
 @selection_options("Compare")
 @display_options
@@ -284,11 +286,14 @@ def diff_command(ctx: click.Context, **kwargs: Any) -> None:
     attributes. Exit status 0 when both hold the same names, shapes, values
     within tolerance and metadata, and everything could be compared; 3 when
     anything differs or could not be compared; 1 for an unreadable file.
+    --tensors-only still lists metadata differences but leaves them out of
+    the verdict (a GGUF against the safetensors it was converted from).
 
     \b
     Example:
         tclip diff before.npz after.safetensors
         tclip diff --rtol 1e-3 --map 'model.*=*' a.safetensors b.h5
+        tclip diff --tensors-only model-f32.gguf model.safetensors
     """
     from .runner import run_diff
 

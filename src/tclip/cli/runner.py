@@ -437,7 +437,7 @@ def run_info(*, files: tuple[str, ...], recursive: bool, sort: str, as_json: boo
 
 def run_diff(*, a: str, b: str, rtol: float, atol: float, mapping: tuple[str, ...], sort: str, top: int | None,
              include: tuple[str, ...], exclude: tuple[str, ...], as_json: bool, quiet: bool, color: str,
-             threads: int | None, memory: int) -> int:
+             threads: int | None, memory: int, tensors_only: bool = False) -> int:
     from ..work.diff import diff_files
     from ..work.mapping import parse_mapping
     from ..work.inputs import diff_input
@@ -462,7 +462,8 @@ def run_diff(*, a: str, b: str, rtol: float, atol: float, mapping: tuple[str, ..
 
     result = runner.attempt(name, lambda: diff_files(*sides(), rtol=rtol, atol=atol,
                                                      mapping=renames, selection=Selection(include, exclude),
-                                                     memory=memory, threads=threads or 0))
+                                                     memory=memory, threads=threads or 0,
+                                                     tensors_only=tensors_only))
     if result is None:
         return EXIT_FAILED
     for warning in result.warnings:
@@ -474,6 +475,6 @@ def run_diff(*, a: str, b: str, rtol: float, atol: float, mapping: tuple[str, ..
     if not result.same:
         if quiet and not as_json:
             what = "differ" if result.differs else "were not all compared"
-            runner.say(f"Warning: {safe(a)} and {safe(b)} {what}: {result.summary_line()}")
+            runner.say(f"Warning: {safe(a)} and {safe(b)} {what}: {result.summary_line(flag)}")
         return EXIT_CHECK_FAILED
     return 0

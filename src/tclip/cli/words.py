@@ -21,6 +21,7 @@ FLAGS = {
     Option.AXES: "--axes",
     Option.MAP: "--map",
     Option.DASK: "--dask",
+    Option.TENSORS_ONLY: "--tensors-only",
 }
 
 

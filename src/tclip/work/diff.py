@@ -163,6 +163,7 @@ class DiffReport:
     warnings: list[DiffNote] = field(default_factory=list)
     metadata_differences: list[MetadataDifference] = field(default_factory=list)
     files_hold_tensors: bool = False  # either file holds something to compare (whatever the selection)
+    tensors_only: bool = False  # metadata differences are listed, not counted in the verdict
 
     @property
     def global_relative(self) -> float:
@@ -172,8 +173,14 @@ class DiffReport:
 
     @property
     def differs(self) -> bool:
-        """A tensor differs, is on one side only or has another shape, or metadata differs."""
-        return bool(self.metadata_differences) or any(t.differs for t in self.tensors)
+        """A tensor differs, is on one side only or has another shape, or metadata differs
+        (unless ``tensors_only``)."""
+        return self.metadata_counts or any(t.differs for t in self.tensors)
+
+    @property
+    def metadata_counts(self) -> bool:
+        """Whether metadata differences make the files differ (they do, unless ``tensors_only``)."""
+        return bool(self.metadata_differences) and not self.tensors_only
 
     @property
     def paired(self) -> int:
@@ -197,7 +204,7 @@ class DiffReport:
     def count(self, status: Status) -> int:
         return sum(t.status is status for t in self.tensors)
 
-    def summary_line(self) -> str:
+    def summary_line(self, name: Naming = library_name) -> str:
         compared = [t for t in self.tensors if t.status is Status.COMPARED]
         differing = sum(t.differs for t in compared)
         parts = [f"{len(compared)} compared, {differing} differ"]
@@ -207,7 +214,8 @@ class DiffReport:
                 parts.append(f"{n} {status.value}")
         if self.metadata_differences:
             n = len(self.metadata_differences)
-            parts.append(f"{n} metadata difference{'s' if n > 1 else ''}")
+            parts.append(f"{n} metadata difference{'s' if n > 1 else ''}"
+                         + (f" (not counted: {name(Option.TENSORS_ONLY)})" if self.tensors_only else ""))
         if compared:  # with nothing compared, a ‖A−B‖ of 0 would claim what was not measured
             parts.append(f"‖A−B‖ {self.global_diff_norm:.6g} ({self.global_relative:.3g} of ‖A‖)")
         return ", ".join(parts)
@@ -238,6 +246,7 @@ class DiffReport:
             "not_compared": [{"name": t.name, "reason": t.note} for t in self.tensors
                              if t.status is Status.NOT_COMPARED],
             "metadata_differences": [asdict(d) for d in self.metadata_differences],
+            "tensors_only": self.tensors_only,
             "global_diff_norm": self.global_diff_norm,
             "global_norm_a": self.global_norm_a,
             "global_relative": self.global_relative,
@@ -254,7 +263,8 @@ def _comparable(info: TensorInfo) -> bool:
 
 def diff_files(a: Path | str, b: Path | str, *, rtol: float = 0.0, atol: float = 0.0,
                mapping: list[RenameRule] | None = None, selection: Selection | None = None,
-               memory: int = Budget.memory, threads: int = 0, block_bytes: int | None = None) -> "DiffReport":
+               memory: int = Budget.memory, threads: int = 0, block_bytes: int | None = None,
+               tensors_only: bool = False) -> "DiffReport":
     """Compare two files (or sharded sets, through their index) tensor by tensor.
 
     Args:
@@ -263,10 +273,12 @@ def diff_files(a: Path | str, b: Path | str, *, rtol: float = 0.0, atol: float =
             defaults (0) mean any difference in value.
         mapping: rename rules for A's tensors (:func:`tclip.work.mapping.parse_mapping`).
         selection: include/exclude globs, over A's (renamed) names.
+        tensors_only: metadata and attribute differences are listed but do not make the
+            files differ (an F32 GGUF against its safetensors source).
 
     Returns:
         A :class:`DiffReport`; ``differs`` is True when any tensor differs,
-        is missing on one side or has another shape, or metadata differs;
+        is missing on one side or has another shape, or metadata differs (unless ``tensors_only``);
         ``verdict`` is ``SAME`` only when moreover everything was compared.
 
     Example:
@@ -278,7 +290,7 @@ def diff_files(a: Path | str, b: Path | str, *, rtol: float = 0.0, atol: float =
     started = time.perf_counter()
     selection = selection or Selection()
     rules = mapping or []
-    report = DiffReport(str(a), str(b), rtol, atol)
+    report = DiffReport(str(a), str(b), rtol, atol, tensors_only=tensors_only)
     # Quantized weights are compared as their real values, under their own names (scales are parts).
     with open_any_logical(Path(a)) as reader_a, open_any_logical(Path(b)) as reader_b:
         renamed: dict[str, str] = {}

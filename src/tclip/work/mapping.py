@@ -101,10 +101,16 @@ def _cuts(name: str) -> list[int]:
     return cuts
 
 
+# A hint is offered when it pairs at least this share of the smaller side's names: a rule
+# that pairs 1 of 21 (two files of different models sharing a `proj.weight`) is no answer.
+HINT_SHARE = 0.5
+
+
 def suggest_mapping(names_a: list[str], names_b: list[str]) -> tuple[str, int] | None:
     """The ``PREFIX_A*=PREFIX_B*`` rule that pairs the most of A's names with B's (a DDP
     ``module.`` prefix on one side only, ``model.`` against ``transformer.``), and how many
-    names it pairs; None when no prefix swap pairs any."""
+    names it pairs; None when no prefix swap pairs at least half the names of the smaller
+    side (:data:`HINT_SHARE`)."""
     rests: dict[str, list[str]] = {}
     for name in names_b:
         for cut in _cuts(name):
@@ -127,4 +133,6 @@ def suggest_mapping(names_a: list[str], names_b: list[str]) -> tuple[str, int] |
     rule = parse_mapping([f"{prefix_a}*={prefix_b}*"])[0]
     wanted = set(names_b)
     paired = sum(apply_mapping(name, [rule]) in wanted for name in names_a)
+    if paired < HINT_SHARE * min(len(names_a), len(names_b)):
+        return None
     return rule.text, paired

@@ -6,7 +6,8 @@ Values are compared as the plain data the readers give (an attribute ``1`` is no
 ``1.0`` nor ``"1"``). Across two formats only the file metadata is compared, as the
 strings a conversion carries (safetensors holds strings only); a format that holds
 no metadata (.npy, .npz) has none to compare. Two sharded sets compare their
-indexes' metadata (not ``total_size``); their shards' own metadata is not compared.
+indexes' metadata (not ``total_size`` nor ``total_parameters``, derived from the tensors);
+their shards' own metadata is not compared.
 """
 
 from __future__ import annotations
@@ -103,8 +104,13 @@ def _format_holds_metadata(reader: TensorReader) -> bool:
         return False
 
 
+# An index's keys that its writer derives from the tensors (bytes, parameter count): a dtype
+# change alters the one, an older writer leaves out the other; the tensors themselves are compared.
+DERIVED_INDEX_KEYS = frozenset({"total_size", "total_parameters"})
+
+
 def _index_metadata(reader: TensorReader) -> dict[str, Any]:
-    return {k: v for k, v in reader.metadata.items() if k != "total_size"}
+    return {k: v for k, v in reader.metadata.items() if k not in DERIVED_INDEX_KEYS}
 
 
 def metadata_differences(reader_a: TensorReader, reader_b: TensorReader, pairs: Iterable[tuple[str, str]],
@@ -122,7 +128,7 @@ def metadata_differences(reader_a: TensorReader, reader_b: TensorReader, pairs: 
     sets = isinstance(reader_a, SetReader), isinstance(reader_b, SetReader)
     if whole_files and any(sets):
         # An index's metadata is the set's bookkeeping, not a file's: compared between two
-        # sets only, without total_size (the bytes, which any dtype change alters).
+        # sets only, without the keys derived from the tensors (DERIVED_INDEX_KEYS).
         if all(sets):
             found += compare_mappings(None, _index_metadata(reader_a), _index_metadata(reader_b))
     elif whole_files:

@@ -11,6 +11,8 @@ from rich.text import Text
 from ...text import fmt_column, name_list, natural_key, safe
 from ...work.diff import UNMATCHED, DiffReport, RemarkKind, Status, TensorDiff, Verdict
 from ...work.results import dtype_text
+from ..words import flag
+from .report import gave_way_line
 from .table import Column, human_bytes, lay_out, print_lines, short_dtype, symbols_for
 
 
@@ -41,6 +43,7 @@ def render_diff(report: DiffReport, console: Console, width: int | None, *, sort
     differing = _order([t for t in compared if t.differs], sort)
     same = len(compared) - len(differing)
     shown = differing[:top] if top is not None else differing
+    gave_way: list[str] = []
     if shown:
         names = [t.name if t.name_b is None else f"{t.name} {symbols.arrow} {t.name_b}" for t in shown]
         dtypes, short = [], []
@@ -66,7 +69,9 @@ def render_diff(report: DiffReport, console: Console, width: int | None, *, sort
                    [Text(str(t.nonfinite_mismatch), style="bold magenta" if t.nonfinite_mismatch else "dim")
                     for t in shown], "right"),
         ]
-        lines += lay_out(names, columns, width, symbols)
+        lines += lay_out(names, columns, width, symbols, gave_way=gave_way)
+        if gave_way and width is not None:
+            lines.append(gave_way_line(gave_way, width))
     if top is not None and len(differing) > len(shown):
         lines.append(Text(f"{len(differing) - len(shown)} more differing tensor(s) not shown (--top {top})",
                           style="dim"))
@@ -101,8 +106,8 @@ def render_diff(report: DiffReport, console: Console, width: int | None, *, sort
     lines += _metadata_lines(report)
     verdict = report.verdict
     summary = Text(f"{verdict.value}: ", style="bold green" if verdict is Verdict.SAME else "bold red")
-    summary.append(report.summary_line() if symbols.arrow == "→" else
-                   report.summary_line().replace("‖", "|").replace("−", "-"), style="bold")
+    line = report.summary_line(flag)
+    summary.append(line if symbols.arrow == "→" else line.replace("‖", "|").replace("−", "-"), style="bold")
     lines.append(summary)
     sep = f"  {symbols.dot}  "
     lines.append(Text(sep.join([f"{human_bytes(report.bytes_read)} read", f"{report.elapsed_s:.3f} s",
@@ -112,17 +117,19 @@ def render_diff(report: DiffReport, console: Console, width: int | None, *, sort
 
 
 def _metadata_lines(report: DiffReport) -> list[Text]:
-    """A line per metadata or attribute difference (a few, then how many more)."""
+    """A line per metadata or attribute difference (a few, then how many more); dim when
+    ``--tensors-only`` lists them without counting them."""
     lines = []
+    style = "yellow" if report.metadata_counts else "dim"
     for d in report.metadata_differences[:FEW]:
         where = "file metadata" if d.where is None else f"attribute of {safe(d.where)}"
         a = "(none)" if d.a is None else safe(d.a)
         b = "(none)" if d.b is None else safe(d.b)
-        lines.append(Text(f"{where}: {safe(d.key)}: {a}  vs  {b}", style="yellow"))
+        lines.append(Text(f"{where}: {safe(d.key)}: {a}  vs  {b}", style=style))
     more = len(report.metadata_differences) - FEW
     if more > 0:
         lines.append(Text(f"and {more} more metadata difference{'s' if more > 1 else ''} (--json lists them)",
-                          style="yellow"))
+                          style=style))
     return lines
 
 

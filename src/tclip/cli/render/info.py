@@ -10,6 +10,7 @@ from rich.text import Text
 
 from ...text import natural_key, safe, show_value
 from ...work.results import InfoReport
+from .report import gave_way_line
 from .table import (
     GAP,
     MIN_NAME_WIDTH,
@@ -81,7 +82,11 @@ def render_info(info: InfoReport, console: Console, *, width: int | None = -1, s
     ]
     if info.files is not None:
         columns.append(shard_column(info, tensors))
-    lines = [] if not tensors else [title] + lay_out([t.name for t in tensors], columns, fit, symbols)
+    gave_way: list[str] = []
+    lines = [] if not tensors else [title] + lay_out([t.name for t in tensors], columns, fit, symbols,
+                                                     gave_way=gave_way)
+    if gave_way and fit is not None:
+        lines.append(gave_way_line(gave_way, fit))
     counts = info.params_by_dtype()
     total = sum(counts.values())
     noun = "tensor" if len(info.tensors) == 1 else "tensors"
