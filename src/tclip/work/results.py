@@ -212,6 +212,8 @@ class FileReport:
     copied: list[str] | None = None
     not_copied: list[dict[str, str]] | None = None
     would_copy: list[dict[str, Any]] | None = None
+    # report --max-norm: the gate's decision (a tclip.work.gate.GateResult: verdict and typed reasons)
+    gate: Any = None
 
     @property
     def outputs_existing(self) -> int:
@@ -278,6 +280,8 @@ class FileReport:
             data["copied"] = self.copied
         if self.not_copied:
             data["not_copied"] = self.not_copied
+        if self.gate is not None:
+            data.update(self.gate.to_json())
         return json_safe(data)
 
 

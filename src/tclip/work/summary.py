@@ -179,5 +179,6 @@ def summary_json(reports: list[FileReport], name: Naming = library_name, *, sort
             "nonfinite_appeared": events[0],
             "nonfinite_gone": events[1],
             "warnings": [spelled(w, naming) for w in report.warnings],
+            **(report.gate.to_json() if report.gate is not None else {}),
         }))
     return items
