@@ -191,3 +191,27 @@ def test_info_says_which_columns_it_left_out_at_80_columns(tmp_path):
     assert "bytes" not in narrow.splitlines()[1]
     wide = screen(render_info, info, width=120)
     assert "left out" not in wide and "bytes" in wide.splitlines()[1]
+
+
+# ------------------------------------------------------------------ the verdict and the exit status
+
+
+def test_diff_exit_status_and_json_verdict_agree(tmp_path):
+    base = tensors()
+    files = {
+        "a": (base, None),
+        "same": (base, None),
+        "differ": ({**base, NAMES[0]: base[NAMES[0]] + 1}, None),
+        "incomplete": ({**base, NAMES[0]: base[NAMES[0]] > 0}, None),  # bool against numbers
+        "metadata": (base, {"note": "fine-tuned"}),
+    }
+    for name, (values, metadata) in files.items():
+        (tmp_path / f"{name}.safetensors").write_bytes(safetensors_bytes(values, metadata))
+    expected = {"same": "same", "differ": "differ", "incomplete": "incomplete", "metadata": "differ"}
+    for name, verdict in expected.items():
+        for extra, wanted in (([], verdict), (["--tensors-only"], "same" if name == "metadata" else verdict)):
+            result = run("diff", "--json", *extra, tmp_path / "a.safetensors", tmp_path / f"{name}.safetensors")
+            data = json.loads(result.stdout)
+            assert data["verdict"] == wanted, (name, extra, data["verdict"])
+            assert result.exit_code == (0 if data["verdict"] == "same" else 3), (name, extra)
+            assert data["same"] == (data["verdict"] == "same")

@@ -122,6 +122,7 @@ def test_from_zero_and_to_zero_are_named():
     assert _ratio({"kind": "to_zero", "ratio": 0.0}, "×") == "to 0"
     assert _ratio({"kind": "ratio", "ratio": 9617.2}, "×") == "×9,617"
     assert _ratio({"kind": "ratio", "ratio": 0.9999}, "×") == "×0.9999"
+    assert _ratio({"kind": "ratio", "ratio": 3.2e9}, "×") == "×3.2e+09"
 
 
 LAYER_NAMES = [f"model.layers.{i}.post_attention_layernorm.weight" for i in (7, 17)]

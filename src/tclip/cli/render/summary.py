@@ -135,7 +135,7 @@ def _ratio(change: dict[str, Any], times: str) -> str:
     if change["kind"] == "to_zero":
         return "to 0"
     ratio = change["ratio"]
-    if ratio >= 1000:
+    if 1000 <= ratio < 1e6:
         return f"{times}{ratio:,.0f}"
     digits = 3
     while digits < 17 and float(f"{ratio:.{digits}g}") == 1.0:
