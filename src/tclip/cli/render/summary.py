@@ -103,29 +103,37 @@ def render_across_files(reports: list[FileReport], console: Console, width: int 
 def nonfinite_lines(steps: list[FileReport], labels: dict[str, str], width: int | None,
                    symbols: Symbols) -> list[Text]:
     """A line per file where NaN/Inf appeared in tensors (or left them): one event, however many
-    tensors it touched, with a few of their names as the width allows."""
+    tensors it touched, with a few of their names -- on a line of their own, indented, where
+    the width leaves too little room beside the count for one whole name."""
     lines = []
     for previous, current in zip(steps, steps[1:]):
         appeared, gone = nonfinite_events(previous, current)
         for names, what, style in ((appeared, "appeared in", "bold red"), (gone, "gone from", "green")):
-            if names:
-                count = f"{len(names):,} tensors" if len(names) > 1 else "1 tensor"
-                head = f"NaN/Inf {what} {count} at {safe(labels[current.file])}: "
-                lines.append(Text(head + _some_names(names, None if width is None else width - len(head),
-                                                     symbols), style=style))
+            if not names:
+                continue
+            count = f"{len(names):,} tensors" if len(names) > 1 else "1 tensor"
+            head = f"NaN/Inf {what} {count} at {safe(labels[current.file])}:"
+            beside = _some_names(names, None if width is None else width - len(head) - 1)
+            if beside is not None:
+                lines.append(Text(f"{head} {beside}", style=style))
+                continue
+            room = max(1, (width or 0) - 2)
+            below = _some_names(names, room)
+            if below is None:  # not even one name whole: the first one shortened, never ambiguous
+                more = f" and {len(names) - 1:,} more" if len(names) > 1 else ""
+                below = safe(shorten_names([names[0]], max(1, room - len(more)), symbols.ellipsis)[names[0]]) + more
+            lines += [Text(head, style=style), Text(f"  {below}", style=style)]
     return lines
 
 
-def _some_names(names: list[str], room: int | None, symbols: Symbols) -> str:
-    """A few of ``names`` (as many as fit in ``room``; None: unlimited), then how many more; the first one
-    shortened (never below what tells it apart) when even it alone does not fit."""
+def _some_names(names: list[str], room: int | None) -> str | None:
+    """A few of ``names``, whole, as many as fit in ``room`` (None: unlimited), then how many
+    more; None when not even the first one fits."""
     for limit in range(min(len(names), FEW), 0, -1):
         text = name_list([safe(n) for n in names], limit)
         if room is None or len(text) <= room:
             return text
-    more = f" and {len(names) - 1:,} more" if len(names) > 1 else ""
-    first = shorten_names([names[0]], max(1, (room or 0) - len(more)), symbols.ellipsis)[names[0]]
-    return safe(first) + more
+    return None
 
 
 def _ratio(change: dict[str, Any], times: str) -> str:
