@@ -95,7 +95,8 @@ def test_fifty_nan_appearances_are_one_event_and_keep_the_spike(tmp_path, top, w
     paths = write_steps(tmp_path, edits, steps=(100, 200, 300, 400))
     section = changes_section(rendered(paths, width, top))
     assert len([line for line in section if line.startswith("NaN/Inf appeared")]) == 1
-    at = next(i for i, line in enumerate(section) if line.startswith("NaN/Inf appeared in 50 tensors at checkpoint-400"))
+    head = "NaN/Inf appeared in 50 tensors at checkpoint-400"
+    at = next(i for i, line in enumerate(section) if line.startswith(head))
     named = section[at] if width == 120 else section[at + 1]  # at 80 the names go on a line of their own, whole
     assert re.search(r"(: |^  )model\.layers\.1\.input_layernorm\.weight(, | and )", named), section
     spike = [line for line in section if "mlp.up_proj.weight" in line and "→" in line]
