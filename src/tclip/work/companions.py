@@ -16,14 +16,17 @@ import shutil
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
+from ..errors import TclipError
 from ..formats.atomic import TEMP_SUFFIX, AtomicOutput
+from ..formats.locks import LOCK_SUFFIX
 from ..formats.sharded import INDEX_SUFFIX, TensorSet
 from ..text import natural_key
 from .inputs import is_tensor_file
 from .journal import JOURNAL_SUFFIX, MARKER_SUFFIX
 
-OWN_SUFFIXES = (TEMP_SUFFIX, JOURNAL_SUFFIX, MARKER_SUFFIX)
+OWN_SUFFIXES = (TEMP_SUFFIX, JOURNAL_SUFFIX, MARKER_SUFFIX, LOCK_SUFFIX)
 
 
 @dataclass
@@ -66,17 +69,42 @@ def companions(tensor_set: TensorSet, out_dir: Path) -> Companions:
     return found
 
 
-def copy_companions(copies: list[tuple[Path, Path]], overwrite: bool) -> list[Path]:
-    """Copy each file atomically (a temporary file, fsynced, renamed); the targets written."""
-    written = []
+def copy_companions(copies: list[tuple[Path, Path]], overwrite: bool,
+                    written: dict[Path, tuple[int, int, int]] | None = None) -> list[Path]:
+    """Copy each file atomically (a temporary file, fsynced, renamed); the targets written
+    (and, in ``written``, each one's identity: see :func:`tclip.formats.atomic.file_identity`)."""
+    done = []
     for source, target in copies:
         output = AtomicOutput(target, overwrite=overwrite, mode_from=source)
         try:
-            with open(source, "rb") as reader, os.fdopen(output.open(), "wb") as writer:
+            with _open_regular(source) as reader, os.fdopen(output.open(), "wb") as writer:
                 shutil.copyfileobj(reader, writer, 1 << 20)
             output.commit()
         except BaseException:
             output.abort()
             raise
-        written.append(target)
-    return written
+        done.append(target)
+        if written is not None and output.written is not None:
+            written[target] = output.written
+    return done
+
+
+def _open_regular(source: Path) -> BinaryIO:
+    """``source`` opened for reading as inputs are: a link is followed (a Hugging Face
+    snapshot's files are links), but what it names must be a regular file now, when it
+    is copied (a FIFO put there since the folder was listed would block the run forever;
+    O_NONBLOCK opens it without waiting for a writer, and it is refused)."""
+    try:
+        fd = os.open(source, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as error:
+        raise TclipError(f"cannot copy it ({error.strerror or error}); nothing was written", source) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise TclipError("is no longer a regular file (a FIFO, device or socket is never read); nothing was "
+                             "written", source)
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
