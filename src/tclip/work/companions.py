@@ -12,6 +12,7 @@ the run itself). Each copy is atomic, like every output."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import stat
 from dataclasses import dataclass, field
@@ -27,6 +28,20 @@ from .inputs import is_tensor_file
 from .journal import JOURNAL_SUFFIX, MARKER_SUFFIX
 
 OWN_SUFFIXES = (TEMP_SUFFIX, JOURNAL_SUFFIX, MARKER_SUFFIX, LOCK_SUFFIX)
+
+
+# Weights in formats tclip does not read, which Hugging Face repositories ship beside the
+# safetensors shards (Flax's flax_model.msgpack, rust-bert's rust_model.ot, ONNX, TF Lite,
+# Keras, PaddlePaddle, Core ML, TensorFlow checkpoints): copied beside clipped shards they
+# would be unclipped weights a loader could take (tf_model.h5 is HDF5: a tensor file already).
+OTHER_WEIGHTS = (".msgpack", ".ot", ".onnx", ".tflite", ".keras", ".pdparams", ".mlmodel", ".ckpt", ".ckpt.index")
+_CHECKPOINT_DATA = re.compile(r".+\.data-[0-9]+-of-[0-9]+$")  # a TensorFlow checkpoint's data shards
+
+
+def other_weights(name: str) -> bool:
+    """Whether a file name is one of weights in a format tclip does not read."""
+    lower = name.lower()
+    return lower.endswith(OTHER_WEIGHTS) or bool(_CHECKPOINT_DATA.match(lower))
 
 
 @dataclass
@@ -62,7 +77,7 @@ def companions(tensor_set: TensorSet, out_dir: Path) -> Companions:
                 found.left.append((entry.name + "/", "a folder"))
         elif not stat.S_ISREG(st.st_mode):
             found.left.append((entry.name, "not a regular file"))
-        elif entry.name.endswith(INDEX_SUFFIX) or is_tensor_file(path):
+        elif entry.name.endswith(INDEX_SUFFIX) or is_tensor_file(path) or other_weights(entry.name):
             found.left.append((entry.name, "weights tclip did not clip"))
         else:
             found.copies.append((path, Path(out_dir) / entry.name))

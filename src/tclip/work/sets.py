@@ -34,6 +34,7 @@ from ..formats.quant_encoding import layout_of_files
 from ..formats.quant_layout import QuantLayout
 from ..formats.registry import open_reader
 from ..formats.sharded import (
+    GGUF_SPLIT_NAME,
     IN_PROGRESS_KEY,
     INDEX_SUFFIX,
     TensorSet,
@@ -180,9 +181,14 @@ def group_sets(inputs: list[tuple[str, Path | None]], across: bool) -> list[tupl
     out: list[tuple[str, TensorSet | None]] = []
     loose: list[Path] = []
     seen: set[Path] = set()
+    anchors = {set_anchor(path) for _, path in inputs if is_index(path)}
     for name, path in inputs:
         if path is None:
             out.append((name, None))
+        elif _split_anchor(path) in anchors and not is_index(path):
+            # A file of a split set (a folder, a glob) whose header cannot be read: the set
+            # reads it too and says what is wrong with it, once.
+            continue
         elif is_index(path):
             anchor = set_anchor(path)  # several files of one GGUF split set (a glob, a folder) give it once
             if anchor not in seen:
@@ -196,6 +202,12 @@ def group_sets(inputs: list[tuple[str, Path | None]], across: bool) -> list[tupl
         label = f"{len(loose)} files" if len(loose) > 1 else str(loose[0])
         out.append((label, TensorSet(label, loose)))
     return out
+
+
+def _split_anchor(path: Path) -> Path | None:
+    """The first file of the GGUF split set ``path``'s name says it belongs to."""
+    match = GGUF_SPLIT_NAME.fullmatch(Path(path).name)
+    return None if match is None else Path(path).with_name(f"{match['prefix']}-00001-of-{match['count']}.gguf")
 
 
 def absolute(tensor_set: TensorSet) -> TensorSet:
