@@ -48,10 +48,11 @@ def test_a_second_in_place_run_on_a_set_being_rewritten_is_refused(tmp_path, mon
     index = sharded(tmp_path / "ckpt")
     expected = reference(tmp_path)
     real_plan = tensorset.make_plan
-    second = []
+    second, started = [], []
 
     def plan_then_another_run(*args, **kwargs):
-        if not second:  # (once: the second run plans too, where nothing stops it)
+        if not started:  # (once: the second run plans too, where nothing stops it)
+            started.append(True)
             second.append(run("global", "--clip", "1", "--in-place", index))
         return real_plan(*args, **kwargs)
 
@@ -70,10 +71,11 @@ def test_a_second_in_place_run_on_a_set_being_rewritten_is_refused(tmp_path, mon
 def test_a_second_run_on_one_file_in_place_is_refused(tmp_path, monkeypatch):
     path = single(tmp_path / "one")
     real_plan = clip_module.make_plan
-    second = []
+    second, started = [], []
 
     def plan_then_another_run(*args, **kwargs):
-        if not second:
+        if not started:  # (once: the second run plans too, where nothing stops it)
+            started.append(True)
             second.append(run("global", "--clip", "1", "--in-place", path))
         return real_plan(*args, **kwargs)
 
