@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -214,3 +216,42 @@ def test_a_failed_run_removes_only_what_it_wrote(tmp_path, monkeypatch):
     assert result.exit_code == 1 and "disk on fire" in result.stderr
     assert sorted(p.name for p in out.iterdir()) == ["other.safetensors"]
     assert (out / "other.safetensors").read_bytes() == b"another run's finished output"
+
+
+def test_dask_reruns_the_task_of_a_worker_killed_right_after_its_rename(tmp_path):
+    """The issue's own case, on a real cluster: each worker dies just after renaming its
+    first shard; Dask reruns that task on a fresh worker, which must find the shard done
+    (before: it clipped the clipped shard again, exit 0, global norm 0.913)."""
+    distributed = pytest.importorskip("dask.distributed")
+    index = sharded(tmp_path / "ckpt", shards=4)
+    clean = sharded(tmp_path / "clean", shards=4)
+    clip_set(TensorSet(str(clean), [], clean), GlobalNormClip(1.0), ClipOptions(in_place=True, threads=1))
+
+    def die_after_the_first_rename():
+        import os
+
+        from tclip.formats import atomic
+
+        real = atomic.AtomicOutput.commit
+
+        def commit(self, marker=None):
+            real(self, marker)
+            if self.target.name.startswith("model-"):
+                os._exit(137)  # killed right after the rename, before its result leaves
+
+        atomic.AtomicOutput.commit = commit
+
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                  dashboard_address=":0", silence_logs=50) as local:
+        with distributed.Client(local) as client:
+            workers = client.run(os.getpid)
+            client.run(die_after_the_first_rename)  # (the workers that replace them are not)
+            result = subprocess.run([sys.executable, "-m", "tclip", "global", "--clip", "1", "--json", "--dask",
+                                     local.scheduler_address, "--in-place", str(index)],
+                                    capture_output=True, text=True, timeout=300)
+            assert set(client.run(os.getpid).values()).isdisjoint(workers.values())  # both died
+    assert result.returncode == 0, result.stderr
+    for shard in shards_of(index.parent):
+        assert shard.read_bytes() == (clean.parent / shard.name).read_bytes()
+    assert global_norm(shards_of(index.parent)) == pytest.approx(1.0, rel=1e-6)
+    assert "its task ran again" in result.stdout
