@@ -181,7 +181,7 @@ def group_sets(inputs: list[tuple[str, Path | None]], across: bool) -> list[tupl
     out: list[tuple[str, TensorSet | None]] = []
     loose: list[Path] = []
     seen: set[Path] = set()
-    anchors = {set_anchor(path) for _, path in inputs if is_index(path)}
+    anchors = {set_anchor(path) for _, path in inputs if path is not None and is_index(path)}
     for name, path in inputs:
         if path is None:
             out.append((name, None))
