@@ -369,6 +369,7 @@ def _clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_addre
     files = tensor_set.files
     pool = TaskPool(options.budget, len(files), dask_address)
     written: dict[Path, tuple[int, int, int]] = {}  # what this run wrote (not in place), by identity
+    fresh: set[Path] = set()  # its outputs where nothing was before (--force replaces, never restores)
     created: list[Path] = []
     try:
         def file_progress(file: Path) -> Callable[[int], None] | None:
@@ -415,6 +416,8 @@ def _clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_addre
         if not options.dry_run and not options.in_place:
             created = _make_folders([targets[f] for f in todo], index_target,
                                     None if options.out_dir is None else Path(options.out_dir))
+            fresh = {t for t in [*(targets[f] for f in todo), index_target, *(t for _, t in others.copies)]
+                     if t is not None and not os.path.lexists(t)}
         calls, order = [], []
         for f, s in zip(todo, stats):
             target = targets[f]
@@ -444,7 +447,7 @@ def _clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_addre
                     commit_marker(f).unlink(missing_ok=True)
     except BaseException:
         pool.close()  # every task has stopped: what it wrote can go
-        _remove_written(written, created)
+        _remove_written({path: mine for path, mine in written.items() if path in fresh}, created)
         raise
     finally:
         pool.close()
@@ -496,10 +499,10 @@ def _make_folders(targets: list[Path | None], index_target: Path | None, out_dir
 
 
 def _remove_written(written: dict[Path, tuple[int, int, int]], created: list[Path]) -> None:
-    """After a failed run (not in place), the outputs it wrote and the folders it made (when
-    empty): the output folder is as it was. Each file goes only while it is the file this
-    run wrote (by identity): one another run put at that name meanwhile stays. A kill
-    leaves them (README)."""
+    """After a failed run (not in place), the outputs it wrote where nothing was before and
+    the folders it made (when empty): the output folder is as it was. Each file goes only
+    while it is the file this run wrote (by identity): one another run put at that name
+    meanwhile stays. A kill leaves them (README)."""
     for path, identity in written.items():
         remove_if_same(path, identity)
     for folder in created:
