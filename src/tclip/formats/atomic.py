@@ -173,6 +173,7 @@ class AtomicOutput:
         self.temp = self.target.parent / f".{self.target.name}.{_HOST}.{os.getpid()}.{token}{TEMP_SUFFIX}"
         self.overwrite = overwrite
         self._done = False
+        self.written: tuple[int, int, int] | None = None  # the file committed (see file_identity)
         # Registered before it exists: a signal between the file's creation and its
         # registration would otherwise leave it behind (the handler removes what is
         # registered, and a name not yet created costs it nothing).
@@ -225,8 +226,9 @@ class AtomicOutput:
             self.check()
             os.fsync(self._fd)
             os.fchmod(self._fd, self.mode)  # libraries that recreate the file (h5py) may have changed it
+            final = os.fstat(self._fd)
             if marker is not None:
-                write_marker(marker, os.fstat(self._fd))
+                write_marker(marker, final)
             if self.overwrite:
                 os.replace(self.temp, self.target)
             elif not _rename_noreplace(self.temp, self.target):
@@ -234,6 +236,7 @@ class AtomicOutput:
                 raise OutputExistsError(("output already exists (it appeared while writing); pass ", Option.FORCE,
                                          " to replace it"), self.target)
             self._done = True
+            self.written = file_identity(final)
             self._release()
             LIVE_TEMPS.discard(str(self.temp))
             dir_fd = os.open(self.target.parent, os.O_RDONLY)
@@ -284,6 +287,37 @@ def marker_names(marker: Path, path: Path) -> bool:
         return False
 
 
+def file_identity(st: os.stat_result) -> tuple[int, int, int]:
+    """What tells one version of a file from another: (inode, size, mtime in ns). The device
+    number is left out: a shared file system's differs between the machines of a cluster,
+    and a path names one file system anyway."""
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def identity_of(path: Path | str) -> tuple[int, int, int] | None:
+    """:func:`file_identity` of the file at ``path`` (links followed); None when there is none."""
+    try:
+        return file_identity(os.stat(path))
+    except OSError:
+        return None
+
+
+def remove_if_same(path: Path | str, identity: tuple[int, int, int]) -> bool:
+    """Remove ``path`` only while it is the file of ``identity`` (a file this run wrote), never
+    whatever else was put at that name since; True if removed."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    if not stat.S_ISREG(st.st_mode) or file_identity(st) != identity:
+        return False
+    try:
+        os.unlink(path)
+    except OSError:
+        return False
+    return True
+
+
 _UMASK_LOCK = threading.Lock()
 
 
@@ -294,8 +328,10 @@ def _umask() -> int:
     return mask
 
 
-def write_json(target: Path, data: Any, mode_from: Path | None = None, overwrite: bool = True) -> None:
-    """``data`` as indented JSON at ``target``, atomically (an index, a journal)."""
+def write_json(target: Path, data: Any, mode_from: Path | None = None,
+               overwrite: bool = True) -> tuple[int, int, int] | None:
+    """``data`` as indented JSON at ``target``, atomically (an index, a journal); the
+    :func:`file_identity` of the file written."""
     output = AtomicOutput(target, overwrite=overwrite, mode_from=mode_from)
     try:
         with os.fdopen(output.open(), "w", encoding="utf-8") as handle:
@@ -305,3 +341,4 @@ def write_json(target: Path, data: Any, mode_from: Path | None = None, overwrite
     except BaseException:
         output.abort()
         raise
+    return output.written

@@ -246,9 +246,11 @@ def resolve(tensor_set: TensorSet) -> TensorSet:
     return tensor_set
 
 
-def write_index(tensor_set: TensorSet, target: Path, shards: list[Path | None], overwrite: bool) -> None:
+def write_index(tensor_set: TensorSet, target: Path, shards: list[Path | None],
+                overwrite: bool) -> tuple[int, int, int] | None:
     """The index, last: same weight_map, total_size recomputed from the written shards'
-    headers (all of them: a resumed run rewrites only some), tied tensors counted once."""
+    headers (all of them: a resumed run rewrites only some), tied tensors counted once.
+    Returns the identity of the file written (:func:`~tclip.formats.atomic.file_identity`)."""
     data = json.loads(json.dumps(tensor_set.index_data))
     metadata = dict(data.get("metadata") or {})
     metadata.pop(IN_PROGRESS_KEY, None)
@@ -261,7 +263,7 @@ def write_index(tensor_set: TensorSet, target: Path, shards: list[Path | None], 
             total += sum(t.nbytes for name, t in reader.tensors.items() if name not in tied)
     metadata["total_size"] = total
     data["metadata"] = metadata
-    write_json(target, data, tensor_set.index, overwrite=overwrite)
+    return write_json(target, data, tensor_set.index, overwrite=overwrite)
 
 
 class SetReader(TensorReader):

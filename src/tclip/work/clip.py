@@ -11,6 +11,7 @@ import numpy as np
 
 from ..core.modes import Mode, NormClip, ValueClip, value_bounds
 from ..errors import OutputExistsError
+from ..formats.locks import Locks, RunLock
 from ..formats.quant_encoding import open_logical
 from ..formats.quant_layout import QuantLayout
 from ..formats.registry import output_format
@@ -63,7 +64,9 @@ def clip_file(path: Path | str, mode: Mode, options: ClipOptions | None = None,
         value_bounds(np.dtype(np.float64), mode.clip_value_min, mode.clip_value_max)
     axes = mode.axes if isinstance(mode, NormClip) else None
     budget = options.budget
-    with open_logical(path) as reader:
+    # In place, two runs on one file at once would each replace it; the second is refused.
+    lock = RunLock(path) if options.in_place and not options.dry_run and os.path.lexists(path) else Locks()
+    with lock, open_logical(path) as reader:
         entries, _ = select(reader, options.selection, axes)
         warnings = check_selection(entries, list(reader.tensors), mode, options, path)
         target = output_for(path, options)

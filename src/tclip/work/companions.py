@@ -12,18 +12,36 @@ the run itself). Each copy is atomic, like every output."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
+from ..errors import TclipError
 from ..formats.atomic import TEMP_SUFFIX, AtomicOutput
+from ..formats.locks import LOCK_SUFFIX
 from ..formats.sharded import INDEX_SUFFIX, TensorSet
 from ..text import natural_key
 from .inputs import is_tensor_file
 from .journal import JOURNAL_SUFFIX, MARKER_SUFFIX
 
-OWN_SUFFIXES = (TEMP_SUFFIX, JOURNAL_SUFFIX, MARKER_SUFFIX)
+OWN_SUFFIXES = (TEMP_SUFFIX, JOURNAL_SUFFIX, MARKER_SUFFIX, LOCK_SUFFIX)
+
+
+# Weights in formats tclip does not read, which Hugging Face repositories ship beside the
+# safetensors shards (Flax's flax_model.msgpack, rust-bert's rust_model.ot, ONNX, TF Lite,
+# Keras, PaddlePaddle, Core ML, TensorFlow checkpoints): copied beside clipped shards they
+# would be unclipped weights a loader could take (tf_model.h5 is HDF5: a tensor file already).
+OTHER_WEIGHTS = (".msgpack", ".ot", ".onnx", ".tflite", ".keras", ".pdparams", ".mlmodel", ".ckpt", ".ckpt.index")
+_CHECKPOINT_DATA = re.compile(r".+\.data-[0-9]+-of-[0-9]+$")  # a TensorFlow checkpoint's data shards
+
+
+def other_weights(name: str) -> bool:
+    """Whether a file name is one of weights in a format tclip does not read."""
+    lower = name.lower()
+    return lower.endswith(OTHER_WEIGHTS) or bool(_CHECKPOINT_DATA.match(lower))
 
 
 @dataclass
@@ -59,24 +77,49 @@ def companions(tensor_set: TensorSet, out_dir: Path) -> Companions:
                 found.left.append((entry.name + "/", "a folder"))
         elif not stat.S_ISREG(st.st_mode):
             found.left.append((entry.name, "not a regular file"))
-        elif entry.name.endswith(INDEX_SUFFIX) or is_tensor_file(path):
+        elif entry.name.endswith(INDEX_SUFFIX) or is_tensor_file(path) or other_weights(entry.name):
             found.left.append((entry.name, "weights tclip did not clip"))
         else:
             found.copies.append((path, Path(out_dir) / entry.name))
     return found
 
 
-def copy_companions(copies: list[tuple[Path, Path]], overwrite: bool) -> list[Path]:
-    """Copy each file atomically (a temporary file, fsynced, renamed); the targets written."""
-    written = []
+def copy_companions(copies: list[tuple[Path, Path]], overwrite: bool,
+                    written: dict[Path, tuple[int, int, int]] | None = None) -> list[Path]:
+    """Copy each file atomically (a temporary file, fsynced, renamed); the targets written
+    (and, in ``written``, each one's identity: see :func:`tclip.formats.atomic.file_identity`)."""
+    done = []
     for source, target in copies:
         output = AtomicOutput(target, overwrite=overwrite, mode_from=source)
         try:
-            with open(source, "rb") as reader, os.fdopen(output.open(), "wb") as writer:
+            with _open_regular(source) as reader, os.fdopen(output.open(), "wb") as writer:
                 shutil.copyfileobj(reader, writer, 1 << 20)
             output.commit()
         except BaseException:
             output.abort()
             raise
-        written.append(target)
-    return written
+        done.append(target)
+        if written is not None and output.written is not None:
+            written[target] = output.written
+    return done
+
+
+def _open_regular(source: Path) -> BinaryIO:
+    """``source`` opened for reading as inputs are: a link is followed (a Hugging Face
+    snapshot's files are links), but what it names must be a regular file now, when it
+    is copied (a FIFO put there since the folder was listed would block the run forever;
+    O_NONBLOCK opens it without waiting for a writer, and it is refused)."""
+    try:
+        fd = os.open(source, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as error:
+        raise TclipError(f"cannot copy it ({error.strerror or error}); nothing was written", source) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise TclipError("is no longer a regular file (a FIFO, device or socket is never read); nothing was "
+                             "written", source)
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise

@@ -100,8 +100,8 @@ def finish_report(report: FileReport, stats: FileStats, plan: Plan, rewrite: Rew
             measured = rewrite.after[name]
             fill_after(entry, measured if rewrite.measured else None, scales.get(name))
             if isinstance(plan.mode, ValueClip):
-                entry.changed = rewrite.changed[name]
-                entry.clipped = entry.changed > 0
+                entry.changed = rewrite.changed.get(name)  # (None: not known, see RewriteResult)
+                entry.clipped = bool(entry.changed)
         else:
             fill_after(entry, before, scales.get(name))
             if isinstance(plan.mode, ValueClip):

@@ -46,6 +46,7 @@ class NoteKind(enum.Enum):
     OPTIMIZER_STATE = "a training optimizer's state was left out"
     INDEX_CHOSEN = "a folder holds two indexes of one checkpoint; one was taken"
     NO_OUTPUT = "a dry run found no output a real run could write"
+    TASK_REPEATED = "a file's task ran twice and found the file rewritten already"
 
 
 class Note(Tagged):

@@ -19,6 +19,7 @@ from ..core.stats import TensorStats, kept_index, normalize_axes
 from ..core.zeros import counted, counts_flushes, flush_limit, flushed_count, nonzero_count
 from ..errors import TclipError, UnsupportedError
 from ..formats import TensorReader, TensorWriter, create_writer, open_reader
+from ..formats.atomic import identity_of
 from ..formats.quant_encoding import logical_view, open_logical, stored_reader
 from ..formats.quant_layout import QuantLayout
 from ..formats.registry import holds_metadata, output_format
@@ -45,6 +46,9 @@ class RewriteResult:
     measured: bool = True  # the after-statistics were measured
     # Per rewritten 16- or 8-bit float tensor: how many non-zero values the scaling made zero.
     flushed: dict[str, int] = field(default_factory=dict)
+    # The output file this pass wrote (tclip.formats.atomic.file_identity): a failed run removes
+    # only what it wrote itself, never a file another run put at that name meanwhile.
+    written: tuple[int, int, int] | None = None
 
 
 def rewrite_file(source: Path | str | TensorReader, work: dict[str, TensorWork], target: Path | None, *,
@@ -53,7 +57,7 @@ def rewrite_file(source: Path | str | TensorReader, work: dict[str, TensorWork],
                  drop_nonnumeric: bool = False, metadata: dict[str, str] | None = None,
                  writer_factory: Callable[..., TensorWriter] | None = None,
                  measure_after: bool = True, commit_marker: Path | None = None,
-                 layout: QuantLayout | None = None) -> RewriteResult:
+                 layout: QuantLayout | None = None, expect: tuple[int, int, int] | None = None) -> RewriteResult:
     """Pass 2: write ``source`` to ``target`` with each tensor of ``work`` rewritten.
 
     Tensors not in ``work`` are copied byte for byte where the formats allow.
@@ -65,13 +69,24 @@ def rewrite_file(source: Path | str | TensorReader, work: dict[str, TensorWork],
     A quantized weight (an encoded tensor) in ``work`` is rescaled by rewriting only
     the stored parts that hold its scales (its encoding's ``rescale`` jobs); its codes
     are copied byte for byte. ``layout``: as for :func:`~tclip.work.statistics.file_statistics`.
+
+    ``expect``: the identity of the file pass 1 measured (:func:`~tclip.formats.atomic.file_identity`);
+    the file opened, and the file about to be replaced, must still be that one, else nothing is
+    written (another run, or a program, replaced or changed it: its plan is not this file's).
     """
     if isinstance(source, TensorReader):
         return _rewrite(logical_view(source, layout), work, target, axes, overwrite, budget or Budget(), progress,
-                        held, drop_nonnumeric, metadata, writer_factory, measure_after, commit_marker)
+                        held, drop_nonnumeric, metadata, writer_factory, measure_after, commit_marker, expect)
     with open_logical(source, layout, None if layout is None else str(source)) as reader:
         return _rewrite(reader, work, target, axes, overwrite, budget or Budget(), progress, held,
-                        drop_nonnumeric, metadata, writer_factory, measure_after, commit_marker)
+                        drop_nonnumeric, metadata, writer_factory, measure_after, commit_marker, expect)
+
+
+def check_same(path: Path | str, expect: tuple[int, int, int] | None) -> None:
+    """Refuse a file that is not the one pass 1 measured (see :func:`rewrite_file`'s ``expect``)."""
+    if expect is not None and identity_of(path) != expect:
+        raise TclipError("was replaced or changed since tclip measured it (by another run or program); its plan "
+                         "is not this file's, so nothing was written to it", path)
 
 
 def carried_loss(reader: TensorReader, target: Path) -> list[str]:
@@ -95,8 +110,9 @@ def _rewrite(reader: TensorReader, work: dict[str, TensorWork], target: Path | N
              overwrite: bool, budget: Budget, progress: Progress | None, held: HeldTensors | None,
              drop_nonnumeric: bool, metadata: dict[str, str] | None,
              writer_factory: Callable[..., TensorWriter] | None, measure_after: bool = True,
-             commit_marker: Path | None = None) -> RewriteResult:
+             commit_marker: Path | None = None, expect: tuple[int, int, int] | None = None) -> RewriteResult:
     started = time.perf_counter()
+    check_same(reader.path, expect)  # (after the reader opened it: what it reads is that file)
     result = RewriteResult(str(reader.path), None if target is None else str(target), {}, {},
                            measured=measure_after)
     stored = stored_reader(reader)  # what the file holds: what the writer writes
@@ -123,7 +139,9 @@ def _rewrite(reader: TensorReader, work: dict[str, TensorWork], target: Path | N
     try:
         _run_rewrite(reader, writer, work, axes, budget, progress, held, written, result, measure_after)
         if writer is not None:
+            check_same(reader.path, expect)
             writer.commit(commit_marker)
+            result.written = getattr(getattr(writer, "output", None), "written", None)
             result.bytes_written = os.stat(target).st_size  # type: ignore[arg-type]
             if lossy and measure_after:
                 result.after.update(_measure_written(target, {n: result.after[n].axes for n in lossy}, budget))

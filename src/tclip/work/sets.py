@@ -15,6 +15,7 @@ opens its own files by path."""
 
 from __future__ import annotations
 
+import glob
 import os
 import time
 from collections.abc import Callable
@@ -27,11 +28,15 @@ import numpy as np
 
 from ..core.modes import GlobalNormClip, NormClip, ValueClip, value_bounds
 from ..errors import OutputExistsError, TclipError, UnsupportedError
+from ..formats.atomic import identity_of, marker_names, remove_if_same
+from ..formats.locks import Locks, RunLock
 from ..formats.quant_encoding import layout_of_files
 from ..formats.quant_layout import QuantLayout
 from ..formats.registry import open_reader
 from ..formats.sharded import (
+    GGUF_SPLIT_NAME,
     IN_PROGRESS_KEY,
+    INDEX_SUFFIX,
     TensorSet,
     is_index,
     load_index,
@@ -65,7 +70,7 @@ from .reporting import (
     start_report,
 )
 from .results import FileReport, InfoReport, Note, NoteKind
-from .rewrite import RewriteResult, rewrite_file
+from .rewrite import RewriteResult, check_same, rewrite_file
 from .selection import Selection
 from .statistics import FileStats, file_statistics
 from .tied import check_tied
@@ -74,19 +79,52 @@ from .tied import check_tied
 def stats_task(path: str, selection: Selection, axes: Any, budget: Budget, track_l1: bool = False,
                track_moments: bool = False, whole_if_rank_skip: bool = False,
                progress: Callable[[int], None] | None = None, layout: QuantLayout | None = None) -> FileStats:
-    """Pass 1 of one file, on whatever machine runs it (``layout``: the set's quantized weights)."""
-    return file_statistics(path, selection=selection, axes=axes, budget=budget, track_l1=track_l1,
-                           track_moments=track_moments, whole_if_rank_skip=whole_if_rank_skip, progress=progress,
-                           layout=layout)
+    """Pass 1 of one file, on whatever machine runs it (``layout``: the set's quantized weights).
+    The statistics say which file they are of (``identity``): pass 2 rewrites only that file."""
+    before = identity_of(path)
+    stats = file_statistics(path, selection=selection, axes=axes, budget=budget, track_l1=track_l1,
+                            track_moments=track_moments, whole_if_rank_skip=whole_if_rank_skip, progress=progress,
+                            layout=layout)
+    if identity_of(path) != before:
+        raise TclipError("was replaced or changed while tclip read it (by another run or program); nothing was "
+                         "written", path)
+    stats.identity = before
+    return stats
 
 
 def rewrite_task(path: str, work: dict[str, TensorWork], target: str | None, axes: Any, overwrite: bool,
                  budget: Budget, drop_nonnumeric: bool, progress: Callable[[int], None] | None = None,
-                 commit_marker: str | None = None, layout: QuantLayout | None = None) -> RewriteResult:
-    """Pass 2 of one file, on whatever machine runs it; the output appears atomically."""
+                 commit_marker: str | None = None, layout: QuantLayout | None = None,
+                 expect: tuple[int, int, int] | None = None) -> RewriteResult:
+    """Pass 2 of one file, on whatever machine runs it; the output appears atomically.
+
+    ``expect``: the identity of the file pass 1 measured; another file at ``path`` is refused,
+    unless this task replaced it in place already (its ``commit_marker`` names it): a task run
+    again (Dask reruns the task of a worker lost after its rename) finds its shard done and
+    leaves it, measuring what it holds."""
+    if expect is not None and commit_marker is not None and identity_of(path) != expect \
+            and marker_names(Path(commit_marker), Path(path)):
+        return _found_done(path, work, target, axes, budget, layout)
     return rewrite_file(path, work, None if target is None else Path(target), axes=axes, overwrite=overwrite,
                         budget=budget, progress=progress, drop_nonnumeric=drop_nonnumeric,
-                        commit_marker=None if commit_marker is None else Path(commit_marker), layout=layout)
+                        commit_marker=None if commit_marker is None else Path(commit_marker), layout=layout,
+                        expect=expect)
+
+
+def _found_done(path: str, work: dict[str, TensorWork], target: str | None, axes: Any, budget: Budget,
+                layout: QuantLayout | None) -> RewriteResult:
+    """The result of a task whose shard an earlier attempt of it replaced already: the
+    norms after are measured from the shard; what that attempt counted (values changed by
+    a value clip, values flushed to zero) is not known and is not shown as zero."""
+    chosen = Selection(tuple(glob.escape(name) for name in work), allow=frozenset(work))
+    measured = file_statistics(path, selection=chosen, axes=axes, budget=budget, layout=layout)
+    result = RewriteResult(path, target, {name: measured.stats[name] for name in work if name in measured.stats},
+                           {}, bytes_read=measured.bytes_read, bytes_written=os.stat(path).st_size)
+    result.warnings.append(Note(NoteKind.TASK_REPEATED, f"{Path(path).name}: its task ran again (a worker was lost "
+                                                        "after replacing it) and found it clipped already; its norms "
+                                                        "after were measured from the file, and counts of changed "
+                                                        "values are not known"))
+    return result
 
 
 def set_layout(tensor_set: TensorSet) -> QuantLayout:
@@ -143,9 +181,14 @@ def group_sets(inputs: list[tuple[str, Path | None]], across: bool) -> list[tupl
     out: list[tuple[str, TensorSet | None]] = []
     loose: list[Path] = []
     seen: set[Path] = set()
+    anchors = {set_anchor(path) for _, path in inputs if path is not None and is_index(path)}
     for name, path in inputs:
         if path is None:
             out.append((name, None))
+        elif _split_anchor(path) in anchors and not is_index(path):
+            # A file of a split set (a folder, a glob) whose header cannot be read: the set
+            # reads it too and says what is wrong with it, once.
+            continue
         elif is_index(path):
             anchor = set_anchor(path)  # several files of one GGUF split set (a glob, a folder) give it once
             if anchor not in seen:
@@ -159,6 +202,12 @@ def group_sets(inputs: list[tuple[str, Path | None]], across: bool) -> list[tupl
         label = f"{len(loose)} files" if len(loose) > 1 else str(loose[0])
         out.append((label, TensorSet(label, loose)))
     return out
+
+
+def _split_anchor(path: Path) -> Path | None:
+    """The first file of the GGUF split set ``path``'s name says it belongs to."""
+    match = GGUF_SPLIT_NAME.fullmatch(Path(path).name)
+    return None if match is None else Path(path).with_name(f"{match['prefix']}-00001-of-{match['count']}.gguf")
 
 
 def absolute(tensor_set: TensorSet) -> TensorSet:
@@ -239,7 +288,43 @@ def planned_outputs(tensor_set: TensorSet, options: ClipOptions) -> tuple[dict[P
 
 def clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_address: str | None = None,
              progress: Callable[[str], Callable[[int], None]] | None = None) -> FileReport:
-    """Clip one tensor set: pass 1 on every file, one plan, pass 2 on every file, the index last."""
+    """Clip one tensor set: pass 1 on every file, one plan, pass 2 on every file, the index last.
+
+    Two runs never rewrite one set at once (see :mod:`tclip.formats.locks`): the second fails."""
+    with _run_locks(tensor_set, options):
+        return _clip_set(tensor_set, mode, options, dask_address, progress)
+
+
+def _run_locks(tensor_set: TensorSet, options: ClipOptions) -> Locks:
+    """The locks of a run: in place, every file it replaces (the index, each file of the
+    set); into ``--out-dir``, the index read (shared, where its folder can hold a lock
+    file) and the output folder of a sharded checkpoint. A dry run writes nothing, not
+    even a lock file."""
+    locks = Locks()
+    if options.dry_run:
+        return locks
+    try:
+        if options.in_place:
+            if tensor_set.index is not None:
+                locks.take(RunLock(tensor_set.index))
+            files = tensor_set.files
+            if tensor_set.index is not None and not files and tensor_set.index.name.endswith(INDEX_SUFFIX):
+                files = load_index(tensor_set.index).files
+            for file in sorted(files, key=os.path.realpath):
+                if os.path.lexists(file):  # (a missing one is reported when the set is resolved)
+                    locks.take(RunLock(file))
+        elif tensor_set.index is not None and options.out_dir is not None:
+            locks.take(RunLock(tensor_set.index, shared=True, required=False))
+            if os.path.isdir(options.out_dir):
+                locks.take(RunLock(Path(options.out_dir), folder=True, required=False, doing="written"))
+    except BaseException:
+        locks.release()
+        raise
+    return locks
+
+
+def _clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_address: str | None = None,
+              progress: Callable[[str], Callable[[int], None]] | None = None) -> FileReport:
     started = time.perf_counter()
     if isinstance(mode, ValueClip):
         value_bounds(np.dtype(np.float64), mode.clip_value_min, mode.clip_value_max)
@@ -283,7 +368,8 @@ def clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_addres
         journal = None  # a dry run shows what a resumed run would do, and writes nothing
     files = tensor_set.files
     pool = TaskPool(options.budget, len(files), dask_address)
-    fresh: list[Path] = []
+    written: dict[Path, tuple[int, int, int]] = {}  # what this run wrote (not in place), by identity
+    fresh: set[Path] = set()  # its outputs where nothing was before (--force replaces, never restores)
     created: list[Path] = []
     try:
         def file_progress(file: Path) -> Callable[[int], None] | None:
@@ -319,6 +405,9 @@ def clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_addres
         for file_stats in stats:  # shards keep their format: bytes shared by tensors are written once
             check_tied(file_stats, plan.work[file_stats.path], mode.name)
         check_quantized_plan(plan, stats, tensor_set.name)
+        if not options.dry_run:
+            for file_stats in stats:  # nothing is written when a file is not the one measured
+                check_same(file_stats.path, file_stats.identity)
         if journal is not None and resumed is None:
             write_journal(journal, tensor_set, mode, options, stats, plan)
             for f in files:  # a marker left by a run given up on (restored, journal removed) means nothing now
@@ -327,32 +416,38 @@ def clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_addres
         if not options.dry_run and not options.in_place:
             created = _make_folders([targets[f] for f in todo], index_target,
                                     None if options.out_dir is None else Path(options.out_dir))
-            fresh = [t for t in [*(targets[f] for f in todo), index_target, *(t for _, t in others.copies)]
-                     if t is not None and not os.path.lexists(t)]
+            fresh = {t for t in [*(targets[f] for f in todo), index_target, *(t for _, t in others.copies)]
+                     if t is not None and not os.path.lexists(t)}
         calls, order = [], []
         for f, s in zip(todo, stats):
             target = targets[f]
-            marker = {"commit_marker": str(commit_marker(f))} if journal is not None else {}
+            # In place, a task leaves a commit marker just before its rename: run again
+            # (Dask's retry), it finds its shard done; resumed after a crash, so does the run.
+            marker = {"commit_marker": str(commit_marker(f))} if options.in_place and not options.dry_run else {}
             calls.append(((str(f), plan.work[s.path], None if target is None else str(target), axes,
                            overwrite or not pool.local, pool.task_budget, options.drop_nonnumeric),
-                          {"progress": file_progress(f), "layout": layout, **marker}))
+                          {"progress": file_progress(f), "layout": layout, "expect": s.identity, **marker}))
             order.append(f)
-        results = _rewrite_all(pool, calls, order, journal, tensor_set)
+        results = _rewrite_all(pool, calls, order, journal, tensor_set, None if options.in_place else written)
         rewrites = {r.path: r for r in results}
         _finish_set_report(report, stats, plan, rewrites, targets)
         if plan.global_norm is not None:
             report.global_norm = plan.global_norm
         if index_target is not None and not options.in_place:
-            copy_companions(others.copies, overwrite)
+            copy_companions(others.copies, overwrite, written)
             report.copied = [source.name for source, _ in others.copies]
         if index_target is not None:
-            write_index(tensor_set, index_target, [targets[f] for f in files], overwrite=overwrite)
+            identity = write_index(tensor_set, index_target, [targets[f] for f in files], overwrite=overwrite)
+            if identity is not None and not options.in_place:
+                written[index_target] = identity
             report.output = str(index_target)
             if journal is not None:
                 journal.unlink(missing_ok=True)
+                for f in files:  # a marker a crash left beside a shard the journal had recorded
+                    commit_marker(f).unlink(missing_ok=True)
     except BaseException:
         pool.close()  # every task has stopped: what it wrote can go
-        _remove_written(fresh, created)
+        _remove_written({path: mine for path, mine in written.items() if path in fresh}, created)
         raise
     finally:
         pool.close()
@@ -397,21 +492,19 @@ def _make_folders(targets: list[Path | None], index_target: Path | None, out_dir
         try:
             target.mkdir(parents=True, exist_ok=True)
         except OSError as error:
-            _remove_written([], created)
+            _remove_written({}, created)
             raise TclipError(f"cannot create the output folder ({error.strerror or error})", target) from None
         created += missing
     return created
 
 
-def _remove_written(fresh: list[Path], created: list[Path]) -> None:
+def _remove_written(written: dict[Path, tuple[int, int, int]], created: list[Path]) -> None:
     """After a failed run (not in place), the outputs it wrote where nothing was before and
-    the folders it made: the output folder is as it was. A kill leaves them (README)."""
-    for path in fresh:
-        try:
-            if os.path.isfile(path) and not os.path.islink(path):
-                os.unlink(path)
-        except OSError:
-            pass
+    the folders it made (when empty): the output folder is as it was. Each file goes only
+    while it is the file this run wrote (by identity): one another run put at that name
+    meanwhile stays. A kill leaves them (README)."""
+    for path, identity in written.items():
+        remove_if_same(path, identity)
     for folder in created:
         try:
             folder.rmdir()
@@ -419,26 +512,36 @@ def _remove_written(fresh: list[Path], created: list[Path]) -> None:
             pass
 
 
-def _rewrite_all(pool: TaskPool, calls: list, order: list[Path], journal: Path | None,
-                 tensor_set: TensorSet) -> list[RewriteResult]:
-    if journal is None:
-        return pool.map(rewrite_task, calls)
-    # In place: every shard that is replaced is written down in the journal as soon as it
-    # is, even when the run stops (an error, Ctrl-C) while other shards are being written.
-    futures = {pool.executor.submit(rewrite_task, *args, **kwargs): file
+def _rewrite_all(pool: TaskPool, calls: list, order: list[Path], journal: Path | None, tensor_set: TensorSet,
+                 written: dict[Path, tuple[int, int, int]] | None) -> list[RewriteResult]:
+    """Pass 2 on every file. In place, every shard that is replaced is written down in the
+    journal as soon as it is, even when the run stops (an error, Ctrl-C) while other shards
+    are being written; into new files, what each task wrote goes into ``written`` (a failed
+    run removes those, and only those)."""
+    futures = {pool.executor.submit(rewrite_task, *args, **kwargs): (file, kwargs.get("commit_marker"))
                for (args, kwargs), file in zip(calls, order)}
     results: dict[Path, RewriteResult] = {}
+
+    def finished(future: Future) -> None:
+        file, marker = futures[future]
+        result = results[file] = future.result()
+        if journal is not None:
+            journal_done(journal, tensor_set, file)
+        elif marker is not None:
+            Path(marker).unlink(missing_ok=True)
+        if written is not None and result.written is not None and result.output is not None:
+            written[Path(result.output)] = result.written
+
     try:
         for future in as_completed(futures):
-            results[futures[future]] = future.result()
-            journal_done(journal, tensor_set, futures[future])
+            finished(future)
     except BaseException:
         for future in futures:
             future.cancel()
         wait(list(futures))
-        for future, file in futures.items():
+        for future, (file, _) in futures.items():
             if file not in results and future.done() and not future.cancelled() and future.exception() is None:
-                journal_done(journal, tensor_set, file)
+                finished(future)
         raise
     return [results[f] for f in order]
 

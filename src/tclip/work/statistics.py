@@ -48,6 +48,9 @@ class FileStats:
     elapsed_s: float = 0.0
     overlaps: list[tuple[str, str, bool]] = field(default_factory=list)  # tensors sharing bytes (tied)
     findings: dict[str, Findings] = field(default_factory=dict)
+    # The file pass 1 read (tclip.formats.atomic.file_identity), for pass 2 to check it still is
+    # that file; set by the tasks of a tensor set.
+    identity: tuple[int, int, int] | None = None
 
     @property
     def selected(self) -> list[str]:
