@@ -431,16 +431,21 @@ def _command_line() -> str:
 
     context = click.get_current_context(silent=True)
     program = os.path.basename(sys.argv[0]) if sys.argv else ""
-    if "tclip" in program or program == "__main__.py" or context is None:
+    module = os.path.basename(os.path.dirname(sys.argv[0])) if sys.argv else ""  # python -m tclip
+    if program.startswith("tclip") or module in ("tclip", "cli") and program == "__main__.py" or context is None:
         return " ".join(["tclip", *(shlex.quote(a) for a in sys.argv[1:])])
     # called as a library (click's test runner): the options it was given
+    from click.core import ParameterSource
+
     given = []
     for param in context.command.params:
         value = context.params.get(param.name or "")
-        if param.name == "files" or value == param.default or value in (None, False, ()) or not param.opts:
+        if param.name == "files" or not param.opts or value in (None, False, ()) or \
+                context.get_parameter_source(param.name or "") is not ParameterSource.COMMANDLINE:
             continue
         given.append(param.opts[-1] if value is True else f"{param.opts[-1]} {shlex.quote(str(value))}")
-    return " ".join([context.command_path, *given, *map(shlex.quote, context.params.get("files", ()))])
+    words = ["tclip", context.info_name or "", *given, *map(shlex.quote, context.params.get("files", ()))]
+    return " ".join(words)
 
 
 # --------------------------------------------------------------------------- info
