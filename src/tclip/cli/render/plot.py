@@ -58,7 +58,8 @@ class PlotError(Exception):
 class Layout:
     """Where everything goes, in SVG user units (pixels)."""
 
-    def __init__(self, rows: int, columns: int, row_names: list[str], column_names: list[str]) -> None:
+    def __init__(self, rows: int, columns: int, row_names: list[str], column_names: list[str],
+                 title: str = "") -> None:
         self.rows, self.columns = rows, columns
         self.cell_w = max(1, min(24, 1200 // max(1, columns)))
         self.cell_h = 12 if rows <= 300 else max(1, min(12, 3000 // max(1, rows)))
@@ -66,12 +67,12 @@ class Layout:
         self.column_every = max(1, math.ceil(12 / self.cell_w))
         label = max([len(n) for n in row_names] + [8])
         self.left = int(label * CHAR) + 16
-        self.top = 58
+        self.top = 64
         self.grid_w, self.grid_h = columns * self.cell_w, rows * self.cell_h
         longest = max([len(n) for n in column_names] + [4])
         self.bottom_labels = int(min(longest, 24) * CHAR) + 10
         self.right = 70  # layer numbers
-        self.width = max(self.left + self.grid_w + self.right, 520)
+        self.width = max(self.left + self.grid_w + self.right, 640, int(min(len(title), 160) * 8) + 16)
         self.legend_y = self.top + self.grid_h + self.bottom_labels + 16
         self.height = self.legend_y + 56
 
@@ -119,7 +120,7 @@ def write_plot(grid: Grid, labels: list[str], path: Path, command: str) -> None:
 
 def svg_picture(grid: Grid, labels: list[str], command: str, *, cells_id: str = "cells") -> str:
     order, s, _, names, columns = picture_data(grid, labels)
-    box = Layout(len(order), len(grid.columns), names, columns)
+    box = Layout(len(order), len(grid.columns), names, columns, command)
     image = png_bytes(rgb(s)) if order and grid.columns else png_bytes(np.full((1, 1, 3), 255, np.uint8))
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{box.width}" height="{box.height}" '
            f'viewBox="0 0 {box.width} {box.height}" font-family="DejaVu Sans Mono, Menlo, Consolas, monospace" '
@@ -127,8 +128,9 @@ def svg_picture(grid: Grid, labels: list[str], command: str, *, cells_id: str = 
            f"<title>{escape(command)}</title>",
            f'<rect width="{box.width}" height="{box.height}" fill="#ffffff"/>',
            f'<text x="8" y="18" font-size="13" font-weight="bold">{escape(_cut(command, 160))}</text>',
-           f'<text x="8" y="36">{escape(_WHAT[grid.quantity])}; colour: value / its row\'s median, log scale '
-           f"({len(order)} tensors x {len(grid.columns)} checkpoints)</text>"]
+           f'<text x="8" y="36">{escape(_WHAT[grid.quantity])}, {len(order)} tensors x {len(grid.columns)} '
+           "checkpoints</text>",
+           '<text x="8" y="50">colour: value / its row\'s median, log scale</text>']
     x0, y0 = box.left, box.top
     out.append(f'<image id="{cells_id}" x="{x0}" y="{y0}" width="{box.grid_w}" height="{box.grid_h}" '
                f'preserveAspectRatio="none" style="image-rendering:pixelated;image-rendering:crisp-edges" '
@@ -169,7 +171,7 @@ def svg_picture(grid: Grid, labels: list[str], command: str, *, cells_id: str = 
 
 
 def _legend(s: Shades, box: Layout) -> list[str]:
-    x, y, steps, width = 8, box.legend_y, 64, 256
+    x, y, steps, width = 8, box.legend_y, 90, 360
     out = [f'<text x="{x}" y="{y - 4}">value / row median:</text>', '<g id="legend">']
     for i in range(steps):
         level = -1 + 2 * (i + 0.5) / steps
@@ -249,7 +251,7 @@ def html_picture(grid: Grid, labels: list[str], command: str) -> str:
     text = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{escape(command)}</title>"
-            "<style>body{margin:12px;font-family:monospace;background:#fff}"
+            "<style>body{margin:12px;font-family:monospace;background:#fff}svg{display:block}"
             "#tip{position:absolute;display:none;white-space:pre;background:#ffffe8;border:1px solid #888;"
             "padding:4px 6px;font-size:12px;pointer-events:none}</style></head><body>\n"
             + svg_picture(grid, labels, command)
@@ -280,13 +282,14 @@ def png_picture(grid: Grid, labels: list[str], command: str) -> bytes:
     import io
 
     order, s, _, names, columns = picture_data(grid, labels)
-    box = Layout(len(order), len(grid.columns), names, columns)
+    box = Layout(len(order), len(grid.columns), names, columns, command)
     canvas = Image.new("RGB", (box.width, box.height), (255, 255, 255))
     draw = ImageDraw.Draw(canvas)
     font = ImageFont.load_default()
     draw.text((8, 6), _cut(command, 160), fill=(0, 0, 0), font=font)
-    draw.text((8, 26), f"{_WHAT[grid.quantity]}; colour: value / its row's median, log scale", fill=(0, 0, 0),
-              font=font)
+    draw.text((8, 24), f"{_WHAT[grid.quantity]}, {len(order)} tensors x {len(grid.columns)} checkpoints",
+              fill=(0, 0, 0), font=font)
+    draw.text((8, 40), "colour: value / its row's median, log scale", fill=(0, 0, 0), font=font)
     if order and grid.columns:
         cells = Image.fromarray(rgb(s), "RGB").resize((box.grid_w, box.grid_h), Image.NEAREST)
         canvas.paste(cells, (box.left, box.top))
@@ -309,13 +312,13 @@ def png_picture(grid: Grid, labels: list[str], command: str) -> bytes:
                                    box.top + box.grid_h + 6))
     x, y = 8, box.legend_y
     draw.text((x, y - 14), "value / row median:", fill=(0, 0, 0), font=font)
-    for i in range(256):
-        draw.line((x + i, y, x + i, y + 11), fill=colour_at(-1 + 2 * (i + 0.5) / 256))
+    for i in range(360):
+        draw.line((x + i, y, x + i, y + 11), fill=colour_at(-1 + 2 * (i + 0.5) / 360))
     for level in (-1.0, -0.5, 0.0, 0.5, 1.0):
         text = ratio_text(level, s.span)
         shift = {-1.0: 0.0, 1.0: 1.0}.get(level, 0.5) * draw.textlength(text, font=font)
-        draw.text((x + (level + 1) / 2 * 256 - shift, y + 16), text, fill=(0, 0, 0), font=font)
-    sx = x + 296
+        draw.text((x + (level + 1) / 2 * 360 - shift, y + 16), text, fill=(0, 0, 0), font=font)
+    sx = x + 400
     draw.rectangle((sx, y, sx + 11, y + 11), fill=NONFINITE)
     draw.text((sx + 16, y), "NaN/Inf", fill=(0, 0, 0), font=font)
     draw.rectangle((sx + 90, y, sx + 101, y + 11), fill=MISSING, outline=(136,) * 3)
