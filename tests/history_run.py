@@ -2,10 +2,13 @@
 
 ``python history_run.py OUT`` trains a 3-layer model for 12 steps with two param groups
 (decay / no decay, as Hugging Face Trainer makes them), multiplies one small layer's
-gradient (``2.bias``) by 1000 at step 7, and writes every 3 steps:
+gradient (``2.bias``) by 1000 at step 7, keeps ``0.bias`` frozen (no gradient, so no
+state and a lagging step count) until step 4, and writes every 3 steps:
 
 - ``OUT/pt/step_N.pt``: ``torch.save({"model": state_dict, "optimizer": opt.state_dict()})``;
 - ``OUT/hf/checkpoint-N/``: ``model.safetensors`` + ``optimizer.pt`` (Trainer style);
+- ``OUT/named/step_N.pt``: the optimizer state keyed by parameter name
+  (``torch.distributed.checkpoint.state_dict.get_optimizer_state_dict``);
 - ``OUT/sgd/step_N.pt``: the same with SGD + momentum (not Adam-like);
 - ``OUT/truth.json``: the true per-step squared gradient norms, each checkpoint's
   optimizer state as the formulas need it (sum of exp_avg_sq summed exactly, each
@@ -21,8 +24,9 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
+from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-SPIKE_STEP, SPIKE_FACTOR, STEPS, EVERY = 7, 1000.0, 12, 3
+SPIKE_STEP, SPIKE_FACTOR, STEPS, EVERY, FROZEN_UNTIL = 7, 1000.0, 12, 3, 4
 
 
 def model_and_groups(seed: int):
@@ -48,13 +52,17 @@ def main(out: Path) -> None:
         loss.backward()
         if step == SPIKE_STEP:
             model[2].bias.grad.mul_(SPIKE_FACTOR)
+        if step <= FROZEN_UNTIL:
+            model[0].bias.grad = None  # frozen: AdamW skips it, so its own step count lags the run's
         truth["grad_sq"].append({n: math.fsum(p.grad.double().pow(2).flatten().tolist())
-                                 for n, p in model.named_parameters()})
+                                 for n, p in model.named_parameters() if p.grad is not None})
         opt.step()
         if step % EVERY:
             continue
         state = {}
         for p in decay + other:
+            if p not in opt.state:
+                continue
             s = opt.state[p]
             state[names[id(p)]] = {"key": ids[id(p)], "step": float(s["step"]),
                                    "sum": math.fsum(s["exp_avg_sq"].double().flatten().tolist())}
@@ -70,6 +78,9 @@ def main(out: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         save_file({k: v.contiguous() for k, v in model.state_dict().items()}, folder / "model.safetensors")
         torch.save(opt.state_dict(), folder / "optimizer.pt")
+        (out / "named").mkdir(parents=True, exist_ok=True)
+        torch.save({"model": model.state_dict(), "optimizer": get_optimizer_state_dict(model, opt)},
+                   out / "named" / f"step_{step}.pt")
     sgd_model, _, _ = model_and_groups(1)
     sgd = torch.optim.SGD(sgd_model.parameters(), lr=1e-2, momentum=0.9)
     (out / "sgd").mkdir(parents=True, exist_ok=True)
@@ -78,7 +89,8 @@ def main(out: Path) -> None:
         sgd_model(torch.randn(16, 4)).pow(2).mean().backward()
         sgd.step()
         if step % EVERY == 0:
-            torch.save({"model": sgd_model.state_dict(), "optimizer": sgd.state_dict()}, out / "sgd" / f"step_{step}.pt")
+            torch.save({"model": sgd_model.state_dict(), "optimizer": sgd.state_dict()},
+                       out / "sgd" / f"step_{step}.pt")
     (out / "truth.json").write_text(json.dumps(truth))
 
 

@@ -19,7 +19,7 @@ from tclip.cli import cli
 
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch writes the training run")
 BETA2 = float(np.float32(0.95))  # as torch's float32 kernels multiply by it
-SPIKE_STEP = 7
+SPIKE_STEP, STEPS, FROZEN_UNTIL = 7, 12, 4
 
 
 def run(*args):
@@ -53,10 +53,10 @@ def close(a: float, b: float, rel: float) -> bool:
 
 
 @needs_torch
-@pytest.mark.parametrize("layout", ["pt", "hf"])
+@pytest.mark.parametrize("layout", ["pt", "hf", "named"])
 def test_grads_match_the_formulas_for_every_checkpoint_and_interval(training, layout):
     out, truth = training
-    files = sorted((out / "pt").glob("step_*.pt")) if layout == "pt" else [str(out / "hf" / "checkpoint-*")]
+    files = [str(out / "hf" / "checkpoint-*")] if layout == "hf" else sorted((out / layout).glob("step_*.pt"))
     result = run("report", "--summary", "--of", "grads", "--json", *files)
     assert result.exit_code == 0, result.output + result.stderr
     items = lines(result.output)
@@ -64,13 +64,15 @@ def test_grads_match_the_formulas_for_every_checkpoint_and_interval(training, la
     checked = 0
     for c, item in enumerate(items):
         by_key = {str(d["key"]): d for d in item["tensors"]}
+        assert len(by_key) == len(truth["checkpoints"][c]["state"])  # a frozen parameter has no state yet
         for name, state in truth["checkpoints"][c]["state"].items():
-            d = by_key[str(state["key"])]
+            d = by_key[str(state["key"]) if layout != "named" else name]
             assert d["step"] == state["step"] and d["beta2"] == BETA2
             assert close(d["sum_exp_avg_sq"], state["sum"], 1e-15)
             assert close(d["ema_sq"], ema(state["sum"], state["step"]), 1e-9)
             assert close(d["ema_norm"], math.sqrt(ema(state["sum"], state["step"])), 1e-9)
-            before = truth["checkpoints"][c - 1]["state"][name] if c else {"sum": 0.0, "step": 0.0}
+            before = truth["checkpoints"][c - 1]["state"].get(name, {"sum": 0.0, "step": 0.0}) if c else \
+                {"sum": 0.0, "step": 0.0}
             expected = interval(before["sum"], before["step"], state["sum"], state["step"])
             span = d["interval"]
             assert (span["after_step"], span["to_step"]) == (before["step"], state["step"])
@@ -79,7 +81,9 @@ def test_grads_match_the_formulas_for_every_checkpoint_and_interval(training, la
             else:
                 assert span["mean_sq"] == 0 and span["clamped_at_zero"] and not span["trusted"]
             checked += 1
-    assert checked == 6 * 4
+    assert checked == 6 * 4 - 1  # 0.bias has no state at step 3
+    assert by_key[str(truth["checkpoints"][-1]["state"]["0.bias"]["key"]) if layout != "named" else "0.bias"][
+        "step"] == STEPS - FROZEN_UNTIL  # its own step, not the checkpoint's
 
 
 @needs_torch
@@ -89,15 +93,15 @@ def test_grads_agree_with_the_true_gradient_norms_within_their_error_bound(train
     interval's conditioning x 4e-7, which the JSON gives)."""
     out, truth = training
     items = lines(run("report", "--summary", "--of", "grads", "--json", *sorted((out / "pt").glob("*.pt"))).output)
-    grad_sq = truth["grad_sq"]
     for item in items:
         for d in item["tensors"]:
             name = d["name"].removeprefix("model.")
+            grad_sq = [g[name] for g in truth["grad_sq"] if name in g]  # its own steps (frozen ones have none)
             t1, t2 = int(d["interval"]["after_step"]), int(d["step"])
-            true_ema = sum((1 - BETA2) * BETA2 ** (t2 - s) * grad_sq[s - 1][name] for s in range(1, t2 + 1))
+            true_ema = sum((1 - BETA2) * BETA2 ** (t2 - s) * grad_sq[s - 1] for s in range(1, t2 + 1))
             assert close(d["ema_sq"], true_ema / (1 - BETA2 ** t2), 2e-6), (name, t2)
             weights = [BETA2 ** (t2 - s) for s in range(t1 + 1, t2 + 1)]
-            true_mean = sum(w * grad_sq[s - 1][name] for w, s in zip(weights, range(t1 + 1, t2 + 1))) / sum(weights)
+            true_mean = sum(w * grad_sq[s - 1] for w, s in zip(weights, range(t1 + 1, t2 + 1))) / sum(weights)
             bound = max(d["interval"]["conditioning"] * 4e-7, 2e-6)
             assert abs(d["interval"]["mean_sq"] - true_mean) <= bound * true_mean, (name, t2)
 
@@ -126,14 +130,20 @@ def test_trainer_checkpoints_name_parameters_only_where_unambiguous(training):
     assert names[keys["2.bias"]] == "2.bias"
     assert names[keys["1.bias"]] == f"param {keys['1.bias']} (8)"  # three tensors of shape (8,)
     assert "sorted by name" in " ".join(items[0]["notes"])
+    alone = lines(run("report", "--summary", "--of", "grads", "--json",
+                      str(out / "hf" / "checkpoint-*" / "optimizer.pt")).output)
+    assert [d["name"] for d in alone[0]["tensors"]] == [d["name"] for d in items[0]["tensors"]]  # the model beside it
 
 
 @needs_torch
 def test_single_file_checkpoints_name_every_parameter_by_module_order(training):
     out, truth = training
     items = lines(run("report", "--summary", "--of", "grads", "--json", *sorted((out / "pt").glob("*.pt"))).output)
-    keys = {str(d["key"]): d["name"] for d in items[0]["tensors"]}
-    assert keys == {str(s["key"]): f"model.{n}" for n, s in truth["checkpoints"][0]["state"].items()}
+    keys = {str(d["key"]): d["name"] for d in items[-1]["tensors"]}
+    assert keys == {str(s["key"]): f"model.{n}" for n, s in truth["checkpoints"][-1]["state"].items()}
+    named = lines(run("report", "--summary", "--of", "grads", "--json",
+                      *sorted((out / "named").glob("*.pt"))).output)
+    assert {d["name"] for d in named[-1]["tensors"]} == set(truth["checkpoints"][-1]["state"])
 
 
 @needs_torch

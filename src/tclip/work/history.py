@@ -162,17 +162,16 @@ def grads_grid(paths: list[Path], sort: str = "name", selection: Selection | Non
         states = per_column[c]
         steps.append(max((st.step for st in states.values()), default=None))
         for r, name in enumerate(names):
-            found = states.get(name)
-            if found is None:
+            state = states.get(name)
+            if state is None:
                 continue
-            p = found
             before = _previous_state(per_column, c, name)
-            span = adam.interval(before, p)
+            span = adam.interval(before, state)
             values[r][c] = span.norm
-            s = adam.ema_sq(p)
+            s = adam.ema_sq(state)
             details.append({
-                "name": name, "key": p.key, "shape": list(p.shape), "step": p.step, "beta2": p.beta2,
-                "sum_exp_avg_sq": p.sum_sq, "ema_sq": s, "ema_norm": math.sqrt(s) if s >= 0 else math.nan,
+                "name": name, "key": state.key, "shape": list(state.shape), "step": state.step,
+                "beta2": state.beta2, "sum_exp_avg_sq": state.sum_sq, "ema_sq": s, "ema_norm": math.sqrt(s) if s >= 0 else math.nan,
                 "interval": {"after_step": span.first_step, "to_step": span.last_step, "mean_sq": span.mean_sq,
                              "norm": span.norm, "conditioning": span.conditioning, "trusted": span.trusted,
                              "clamped_at_zero": span.clamped},
@@ -222,15 +221,28 @@ def _state_in(files: list[Path], open_reader: Any, notes: list[str]) -> list[ada
                     notes.append(f"{path.name}: {state.missing}")
                     continue
                 groups = [[str(k) for k in g.get("params") or []] for g in adam.group_settings(reader, prefix)]
-                if single:
-                    model, ordered = _model_part(reader, prefix), True
-                else:
-                    model, ordered = _model_files(model_files, open_reader)
+                model, ordered = (_model_part(reader, prefix), True) if single else ([], True)
+                if not model:
+                    model, ordered = _model_files(model_files or _beside(path), open_reader)
                 adam.name_params(state, model, ordered, groups)
                 if state.naming:
                     notes.append(state.naming)
                 out += state.params
     return out
+
+
+def _beside(path: Path) -> list[Path]:
+    """The model files in an optimizer file's folder (Trainer's ``model.safetensors``), when it was named alone."""
+    from .inputs import is_tensor_file
+
+    try:
+        found = sorted(path.parent.iterdir(), key=lambda p: natural_key(str(p)))
+    except OSError:
+        return []
+    models = [f for f in found if f != path and f.is_file() and any(f.name.lower().startswith(h) for h in _MODEL_HINTS)
+              and not any(h in f.name.lower() for h in _OPTIMIZER_HINTS) and is_tensor_file(f)]
+    indexes = [f for f in models if f.name.endswith(".index.json")]
+    return indexes[:1] if indexes else models
 
 
 def _model_part(reader: Any, prefix: str) -> list[tuple[str, tuple[int, ...]]]:
@@ -248,7 +260,7 @@ def _model_files(files: list[Path], open_reader: Any) -> tuple[list[tuple[str, t
     model: list[tuple[str, tuple[int, ...]]] = []
     ordered = True
     for path in sorted(files, key=lambda p: natural_key(str(p))):
-        if path.name.endswith(".index.json"):
+        if path.name.endswith(".index.json") and len(files) > 1:
             continue
         with open_reader(path) as reader:
             model += _model_part(reader, "\0")

@@ -291,7 +291,7 @@ def png_picture(grid: Grid, labels: list[str], command: str) -> bytes:
               fill=(0, 0, 0), font=font)
     draw.text((8, 40), "colour: value / its row's median, log scale", fill=(0, 0, 0), font=font)
     if order and grid.columns:
-        cells = Image.fromarray(rgb(s), "RGB").resize((box.grid_w, box.grid_h), Image.NEAREST)
+        cells = Image.fromarray(rgb(s), "RGB").resize((box.grid_w, box.grid_h), Image.Resampling.NEAREST)
         canvas.paste(cells, (box.left, box.top))
     draw.rectangle((box.left - 1, box.top - 1, box.left + box.grid_w, box.top + box.grid_h), outline=(136,) * 3)
     for r, name in enumerate(names):
@@ -315,9 +315,9 @@ def png_picture(grid: Grid, labels: list[str], command: str) -> bytes:
     for i in range(360):
         draw.line((x + i, y, x + i, y + 11), fill=colour_at(-1 + 2 * (i + 0.5) / 360))
     for level in (-1.0, -0.5, 0.0, 0.5, 1.0):
-        text = ratio_text(level, s.span)
-        shift = {-1.0: 0.0, 1.0: 1.0}.get(level, 0.5) * draw.textlength(text, font=font)
-        draw.text((x + (level + 1) / 2 * 360 - shift, y + 16), text, fill=(0, 0, 0), font=font)
+        tick = ratio_text(level, s.span)
+        shift = {-1.0: 0.0, 1.0: 1.0}.get(level, 0.5) * draw.textlength(tick, font=font)
+        draw.text((x + (level + 1) / 2 * 360 - shift, y + 16), tick, fill=(0, 0, 0), font=font)
     sx = x + 400
     draw.rectangle((sx, y, sx + 11, y + 11), fill=NONFINITE)
     draw.text((sx + 16, y), "NaN/Inf", fill=(0, 0, 0), font=font)
