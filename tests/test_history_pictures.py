@@ -222,3 +222,29 @@ def test_heatmap_bins_steps_to_the_width_keeping_the_spike():
     assert all(len(line) <= 80 for line in body)
     assert body[1].count("█") == 1 and "█" not in body[0]
     assert [len(b) for b in bins(500, 66)] == [len(b) for b in bins(500, 66)] and sum(map(len, bins(500, 66))) == 500
+
+
+def test_pictures_cost_nothing_until_asked_for(run_folder):
+    """--help imports none of it; a summary without --plot/--heatmap imports no picture module nor Pillow."""
+    import subprocess
+
+    heavy = ["tclip.work.history", "tclip.work.adam", "tclip.cli.history", "tclip.cli.render.plot",
+             "tclip.cli.render.heatmap", "tclip.cli.render.cells", "PIL", "numpy"]
+    code = ("import sys\nfrom tclip.cli import cli\n"
+            "try:\n    cli(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+            f"print(*[m in sys.modules for m in {heavy!r}], file=sys.stderr)\n")
+    done = subprocess.run([sys.executable, "-c", code, "report", "--help"], capture_output=True, text=True)
+    assert done.stderr.split() == ["False"] * len(heavy), done.stderr
+    summary = [sys.executable, "-c", code, "report", "--summary", "-q", *map(str, files(run_folder))]
+    done = subprocess.run(summary, capture_output=True, text=True)
+    assert done.stderr.split()[:-1] == ["False"] * (len(heavy) - 1), done.stderr  # numpy: it measures
+
+
+def test_summary_json_carries_every_tensors_norm(run_folder):
+    result = run("report", "--summary", "--json", *files(run_folder))
+    items = [json.loads(line) for line in result.output.splitlines()]
+    assert [len(i["norms"]) for i in items] == [len(names())] * STEPS
+    spike = next(n for n in items[SPIKE[1]]["norms"] if n["name"] == SPIKE[0])
+    single = json.loads(run("report", "--json", files(run_folder)[SPIKE[1]]).output.splitlines()[0])
+    assert spike["norm"] == next(t["norm"] for t in single["tensors"] if t["name"] == SPIKE[0])
+    assert next(n for n in items[NAN[1]]["norms"] if n["name"] == NAN[0])["norm"] == "nan"  # as --json spells NaN

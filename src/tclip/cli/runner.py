@@ -403,12 +403,17 @@ def run_report(*, files: tuple[str, ...], recursive: bool, order: str, axes: tup
             else:
                 runner.done(name, report, show)
     if summary:
+        from ..work.results import json_safe
         from ..work.summary import TOP_CHANGES, in_step_order, summary_json
         from .render.summary import render_across_files
 
         changes = top if top is not None else TOP_CHANGES
         if as_json:
+            by_file = {r.file: r for r in reports}
             for item in summary_json(reports, flag, sort=sort, top=changes):
+                # every tensor's norm, as --of grads|drift give every value (the pictures' cells)
+                item["norms"] = json_safe([{"name": t.name, "norm": t.norm} for t in by_file[item["file"]].tensors
+                                           if t.norm is not None])
                 runner.emit(item)
         elif not quiet:
             render_across_files(reports, runner.out, runner.width, sort=sort, top=changes)
