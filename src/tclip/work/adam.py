@@ -201,6 +201,9 @@ def not_adam(reader: TensorReader) -> str | None:
     for name in reader.tensors:
         if re.search(r"(^|\.)state\.[^.]+\.(momentum_buffer|exp_avg_sq_row|exp_avg_sq_col|exp_avg)$", name):
             return "its optimizer state holds no exp_avg_sq: not an Adam-like optimizer"
+    if any(info.optimizer_state for info in reader.tensors.values()):
+        # Keras keeps numbered variables and no beta2 (that is in the model's config, not the weights file)
+        return "its optimizer variables (Keras) name no parameter and hold no beta2: not read for gradients yet"
     return None
 
 

@@ -23,8 +23,8 @@ _WHAT = {"grads": "gradient norm over each interval (from Adam's exp_avg_sq)",
 def render_grid_summary(grid: Grid, labels: dict[str, str], console: Console, width: int | None, *,
                         top: int = 10) -> None:
     symbols = symbols_for(console)
-    if not grid.columns:
-        return
+    if not grid.columns or not grid.rows:
+        return  # nothing measured: the warnings say why
     medians = row_medians(grid)
     # per column: the tensor farthest from its row's median, and a global figure
     unusual: list[tuple[str | None, float | None, float | None]] = []
