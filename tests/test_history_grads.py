@@ -188,5 +188,5 @@ def test_history_options_need_summary():
 def test_keras_optimizer_variables_are_said_not_read_in_one_line():
     keras = Path(__file__).parent / "fixtures" / "keras"
     result = run("report", "--summary", "--of", "grads", keras / "adam.weights.h5", keras / "adam_legacy.h5")
-    assert result.exit_code == 0 and result.output == ""
+    assert result.exit_code == 0 and result.stdout == ""
     assert result.stderr.count("\n") == 1 and "(Keras)" in result.stderr and "not read for gradients" in result.stderr
