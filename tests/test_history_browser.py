@@ -4,6 +4,7 @@ show in their colours. Skipped, with the reason, where Chromium or Pillow is abs
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -59,3 +60,38 @@ def test_chromium_shows_the_spike_and_the_nan_in_their_colours(run_folder, tmp_p
 
     assert centre(*SPIKE) == HIGH
     assert centre(*NAN) == NONFINITE
+
+
+def test_chromium_hovering_a_cell_shows_its_tensor_checkpoint_and_value(run_folder, tmp_path):  # noqa: F811
+    """The page's own script answers a pointer over the spike's cell (a synthetic mousemove,
+    appended to a copy of the page); Chromium's --dump-dom gives the tooltip's text."""
+    picture = tmp_path / "run.html"
+    inputs = files(run_folder)
+    result = CliRunner().invoke(cli, ["report", "--summary", "--plot", str(picture), *map(str, inputs)])
+    assert result.exit_code == 0, result.stderr
+    from tclip.work.clip import report_file
+    from tclip.work.summary import file_labels
+
+    grid = norms_grid([report_file(p) for p in inputs])
+    labels = file_labels(grid.columns)
+    order, _, _, names, columns = picture_data(grid, [labels[c] for c in grid.columns])
+    box = Layout(len(order), len(grid.columns), names, columns)
+    rows = [grid.rows[i] for i in order]
+    x = (SPIKE[1] + 0.5) * box.cell_w
+    y = (rows.index(SPIKE[0]) + 0.5) * box.cell_h
+    probe = tmp_path / "probe.html"
+    probe.write_text(picture.read_text().replace(
+        "</body>", "<script>var i = document.getElementById('cells'), b = i.getBoundingClientRect();"
+                   f"i.dispatchEvent(new MouseEvent('mousemove', {{clientX: b.left + {x}, clientY: b.top + {y}, "
+                   "bubbles: true}));</script></body>"))
+    done = subprocess.run(
+        [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1000,900", "--dump-dom", probe.as_uri()],
+        capture_output=True, text=True, timeout=120)
+    tip = re.search(r'<div id="tip"[^>]*>(.*?)</div>', done.stdout, re.S)
+    assert tip, done.stdout[-2000:] + done.stderr[-2000:]
+    value = grid.values[grid.rows.index(SPIKE[0])][SPIKE[1]]
+    tensor, checkpoint, shown = tip[1].split("\n")
+    assert (tensor, checkpoint) == (SPIKE[0], labels[grid.columns[SPIKE[1]]])
+    assert shown.startswith("norms: ") and float(shown.split(": ")[1]) == pytest.approx(value, rel=1e-6)
