@@ -190,3 +190,33 @@ def test_keras_optimizer_variables_are_said_not_read_in_one_line():
     result = run("report", "--summary", "--of", "grads", keras / "adam.weights.h5", keras / "adam_legacy.h5")
     assert result.exit_code == 0 and result.stdout == ""
     assert result.stderr.count("\n") == 1 and "(Keras)" in result.stderr and "not read for gradients" in result.stderr
+
+
+TIED = """
+import sys, torch
+torch.manual_seed(0)
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(10, 4)
+        self.norm = torch.nn.LayerNorm(4)
+        self.head = torch.nn.Linear(4, 10, bias=False)
+        self.head.weight = self.embed.weight  # tied
+    def forward(self, x):
+        return self.head(self.norm(self.embed(x)))
+m = M()
+opt = torch.optim.AdamW(m.parameters(), betas=(0.9, 0.95))
+for step in range(2):
+    opt.zero_grad(); m(torch.arange(10)).pow(2).mean().backward(); opt.step()
+torch.save({"model": m.state_dict(), "optimizer": opt.state_dict()}, sys.argv[1])
+"""
+
+
+@needs_torch
+def test_tied_weights_are_one_parameter(tmp_path):
+    path = tmp_path / "step_2.pt"
+    done = subprocess.run([sys.executable, "-c", TIED, str(path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    items = lines(run("report", "--summary", "--of", "grads", "--json", path).output)
+    assert [d["name"] for d in items[0]["tensors"]] == ["model.embed.weight", "model.norm.bias", "model.norm.weight"]
+    assert items[0]["notes"] == []

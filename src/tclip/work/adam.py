@@ -259,49 +259,44 @@ def _unique_interleaving(model: list[tuple[int, ...]],
                          groups: list[list[tuple[int, ...] | None]]) -> list[list[int]] | None:
     """The one way to deal the model's shapes out to the groups in order, or None (none or several).
 
-    A shape of None (a parameter without state) matches any shape."""
+    A shape of None (a parameter without state) matches any shape. States are the groups'
+    positions; each model tensor moves one group a step. Iterative: a model has thousands
+    of tensors."""
     if sum(len(g) for g in groups) != len(model) or not groups:
         return None
     sizes = [len(g) for g in groups]
-    if math.prod(s + 1 for s in sizes) > _MAX_STATES:
-        return None
-    from functools import lru_cache
 
-    @lru_cache(maxsize=None)
-    def ways(positions: tuple[int, ...]) -> int:
+    def moves(positions: tuple[int, ...]) -> list[tuple[int, tuple[int, ...]]]:
         at = sum(positions)
-        if at == len(model):
-            return 1
-        total = 0
+        out = []
         for gi, pos in enumerate(positions):
             if pos < sizes[gi] and groups[gi][pos] in (None, model[at]):
-                nxt = positions[:gi] + (pos + 1,) + positions[gi + 1:]
-                total += ways(nxt)
-                if total > 1:
-                    return 2
-        return total
-
-    import sys
-
-    limit = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(limit, len(model) + 1000))
-    try:
-        start = tuple(0 for _ in groups)
-        if ways(start) != 1:
-            return None
-        out: list[list[int]] = [[] for _ in groups]
-        positions = start
-        for at in range(len(model)):
-            for gi, pos in enumerate(positions):
-                if pos < sizes[gi] and groups[gi][pos] in (None, model[at]):
-                    nxt = positions[:gi] + (pos + 1,) + positions[gi + 1:]
-                    if ways(nxt):
-                        out[gi].append(at)
-                        positions = nxt
-                        break
+                out.append((gi, positions[:gi] + (pos + 1,) + positions[gi + 1:]))
         return out
-    finally:
-        sys.setrecursionlimit(limit)
+
+    levels: list[set[tuple[int, ...]]] = [{tuple(0 for _ in groups)}]
+    count = 1
+    for _ in range(len(model)):
+        following = {state for positions in levels[-1] for _, state in moves(positions)}
+        count += len(following)
+        if not following or count > _MAX_STATES:
+            return None
+        levels.append(following)
+    # the ways to the end from each state, capped at 2 (several is as bad as many)
+    to_end: list[dict[tuple[int, ...], int]] = [{} for _ in levels]
+    to_end[-1] = {positions: 1 for positions in levels[-1]}
+    for i in range(len(levels) - 2, -1, -1):
+        to_end[i] = {positions: min(2, sum(to_end[i + 1].get(state, 0) for _, state in moves(positions)))
+                     for positions in levels[i]}
+    start = tuple(0 for _ in groups)
+    if to_end[0].get(start) != 1:
+        return None
+    dealt: list[list[int]] = [[] for _ in groups]
+    positions = start
+    for at in range(len(model)):
+        gi, positions = next((g, state) for g, state in moves(positions) if to_end[at + 1].get(state, 0))
+        dealt[gi].append(at)
+    return dealt
 
 
 # --------------------------------------------------------------------------- the formulas
@@ -335,8 +330,9 @@ def interval(before: ParamState | None, after: ParamState) -> Interval:
     t2, v2 = after.step, after.sum_sq
     k = t2 - t1
     if k <= 0 or not (math.isfinite(v1) and math.isfinite(v2)):
-        mean = None if k <= 0 else (math.nan if math.isnan(v1) or math.isnan(v2) else v2)
-        return Interval(t1, t2, mean, math.inf if k > 0 else math.nan, k > 0 and mean is not None, False)
+        # no step between them (None), or NaN/Inf in the state: Inf only when V2 alone overflowed
+        mean = None if k <= 0 else (math.inf if v2 == math.inf and math.isfinite(v1) else math.nan)
+        return Interval(t1, t2, mean, math.nan, k > 0, False)
     decay = math.exp(k * math.log(after.beta2))
     top = v2 - decay * v1
     mean = top / -math.expm1(k * math.log(after.beta2))

@@ -248,10 +248,17 @@ def _beside(path: Path) -> list[Path]:
 def _model_part(reader: Any, prefix: str) -> list[tuple[str, tuple[int, ...]]]:
     """The floating tensors of a file that are not its optimizer's state, in file order."""
     from ..core.dtypes import is_floating
+    from ..errors import UnsupportedError
 
+    tied: set[str] = set()
+    try:
+        # tied weights (lm_head = embedding) are two names in a state dict but one parameter
+        tied = {o.second for o in getattr(reader, "overlaps", lambda: [])() if o.same}
+    except UnsupportedError:
+        pass
     return [(n, tuple(i.shape)) for n, i in reader.tensors.items()
             if not (prefix and n.startswith(prefix)) and not n.startswith(f"{prefix}state.")
-            and not i.optimizer_state and is_floating(i.dtype)]
+            and not i.optimizer_state and is_floating(i.dtype) and n not in tied]
 
 
 def _model_files(files: list[Path], open_reader: Any) -> tuple[list[tuple[str, tuple[int, ...]]], bool]:
