@@ -220,3 +220,16 @@ def test_tied_weights_are_one_parameter(tmp_path):
     items = lines(run("report", "--summary", "--of", "grads", "--json", path).output)
     assert [d["name"] for d in items[0]["tensors"]] == ["model.embed.weight", "model.norm.bias", "model.norm.weight"]
     assert items[0]["notes"] == []
+
+
+@needs_torch
+def test_notes_are_typed(training):
+    from tclip.work.history import HistoryNoteKind, grads_grid
+
+    out, _ = training
+    pt = grads_grid(sorted((out / "pt").glob("*.pt")))
+    assert {n.kind for notes in pt.notes.values() for n in notes} == {HistoryNoteKind.UNTRUSTED_INTERVAL}
+    sgd = grads_grid(sorted((out / "sgd").glob("*.pt")))
+    assert [n.kind for notes in sgd.notes.values() for n in notes] == [HistoryNoteKind.NO_ADAM_STATE] * 2
+    hf = grads_grid(sorted((out / "hf").glob("checkpoint-*/*")))
+    assert HistoryNoteKind.NUMBERED in {n.kind for notes in hf.notes.values() for n in notes}

@@ -14,6 +14,7 @@ pictures and tables are drawn at the edge (``cli/render``).
 
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import TclipError
+from ..messages import Tagged
 from ..text import natural_key
 from . import adam
 from .results import SCHEMA_VERSION, FileReport, json_safe
@@ -29,6 +31,22 @@ from .selection import Selection
 
 QUANTITIES = ("norms", "grads", "drift")
 TOP_CELLS = 10
+
+
+class HistoryNoteKind(enum.Enum):
+    """What a checkpoint's note says, for code (its text is for people)."""
+
+    NO_OPTIMIZER_FILE = "no optimizer file"
+    NO_ADAM_STATE = "no Adam-like state"
+    STATE_INCOMPLETE = "state incomplete"
+    NUMBERED = "parameters numbered"
+    UNTRUSTED_INTERVAL = "interval not trusted"
+
+
+class HistoryNote(Tagged):
+    """A note on one checkpoint of a history: its text and its :class:`HistoryNoteKind`."""
+
+    kind: HistoryNoteKind
 
 
 @dataclass
@@ -43,7 +61,7 @@ class Grid:
     columns: list[str]                      # the checkpoints (a file or a folder), in step order
     rows: list[str]                         # tensor names, natural order (grouped by layer number)
     values: list[list[float | None]]
-    notes: dict[str, list[str]] = field(default_factory=dict)   # column -> what was not measured there, why
+    notes: dict[str, list[HistoryNote]] = field(default_factory=dict)  # column -> what was not measured, why
     extra: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # column -> per-tensor details (JSON)
     steps: list[float | None] = field(default_factory=list)     # grads: the largest step of each column
     unmeasured: list[tuple[str, str, str]] = field(default_factory=list)  # (tensor, column, why)
@@ -145,7 +163,7 @@ def grads_grid(paths: list[Path], sort: str = "name", selection: Selection | Non
     selection = selection or Selection()
     groups = checkpoints(_file_order(paths, sort))
     per_column: list[dict[str, adam.ParamState]] = []
-    notes: dict[str, list[str]] = {}
+    notes: dict[str, list[HistoryNote]] = {}
     for column, files in groups:
         states: dict[str, adam.ParamState] = {}
         found = _state_in(files, open_reader, notes.setdefault(column, []))
@@ -171,7 +189,8 @@ def grads_grid(paths: list[Path], sort: str = "name", selection: Selection | Non
             s = adam.ema_sq(state)
             details.append({
                 "name": name, "key": state.key, "shape": list(state.shape), "step": state.step,
-                "beta2": state.beta2, "sum_exp_avg_sq": state.sum_sq, "ema_sq": s, "ema_norm": math.sqrt(s) if s >= 0 else math.nan,
+                "beta2": state.beta2, "sum_exp_avg_sq": state.sum_sq, "ema_sq": s,
+                "ema_norm": math.sqrt(s) if s >= 0 else math.nan,
                 "interval": {"after_step": span.first_step, "to_step": span.last_step, "mean_sq": span.mean_sq,
                              "norm": span.norm, "conditioning": span.conditioning, "trusted": span.trusted,
                              "clamped_at_zero": span.clamped},
@@ -180,10 +199,10 @@ def grads_grid(paths: list[Path], sort: str = "name", selection: Selection | Non
         for d in details:
             span_d = d["interval"]
             if not span_d["trusted"] and span_d["mean_sq"] is not None:
-                notes[column].append(
-                    f"{d['name']}: the interval after step {span_d['after_step']:g} is too badly conditioned to "
-                    f"trust (conditioning {span_d['conditioning']:.3g}"
-                    + ("; negative, shown as 0)" if span_d["clamped_at_zero"] else ")"))
+                text = (f"{d['name']}: the interval after step {span_d['after_step']:g} is too badly conditioned "
+                        f"to trust (conditioning {span_d['conditioning']:.3g}"
+                        + ("; negative, shown as 0)" if span_d["clamped_at_zero"] else ")"))
+                notes[column].append(HistoryNote(HistoryNoteKind.UNTRUSTED_INTERVAL, text))
     return Grid("grads", [g for g, _ in groups], names, values, notes, extra, steps)
 
 
@@ -198,27 +217,29 @@ _OPTIMIZER_HINTS = ("optim",)
 _MODEL_HINTS = ("model", "pytorch_model", "adapter_model", "consolidated")
 
 
-def _state_in(files: list[Path], open_reader: Any, notes: list[str]) -> list[adam.ParamState]:
+def _state_in(files: list[Path], open_reader: Any, notes: list[HistoryNote]) -> list[adam.ParamState]:
     """The Adam state of one checkpoint, named; what is missing goes to ``notes``."""
     single = len(files) == 1
     state_files = files if single else [f for f in files if any(h in f.name.lower() for h in _OPTIMIZER_HINTS)]
     model_files = [] if single else [f for f in files if f not in state_files
                                      and any(f.name.lower().startswith(h) for h in _MODEL_HINTS)]
     if not state_files:
-        notes.append("no optimizer file (optimizer.pt) in this checkpoint: no gradient history")
+        notes.append(HistoryNote(HistoryNoteKind.NO_OPTIMIZER_FILE,
+                                 "no optimizer file (optimizer.pt) in this checkpoint: no gradient history"))
         return []
     out: list[adam.ParamState] = []
     for path in state_files:
         with open_reader(path) as reader:
             prefixes = adam.optimizer_prefixes(reader)
             if not prefixes:
-                notes.append(adam.not_adam(reader) or f"{path.name}: no Adam-like optimizer state "
-                                                        "(exp_avg_sq with a step count and beta2)")
+                notes.append(HistoryNote(HistoryNoteKind.NO_ADAM_STATE, adam.not_adam(reader) or
+                                         f"{path.name}: no Adam-like optimizer state (exp_avg_sq with a step "
+                                         "count and beta2)"))
                 continue
             for prefix in prefixes:
                 state = adam.read_state(reader, prefix)
                 if state.missing:
-                    notes.append(f"{path.name}: {state.missing}")
+                    notes.append(HistoryNote(HistoryNoteKind.STATE_INCOMPLETE, f"{path.name}: {state.missing}"))
                     continue
                 groups = [[str(k) for k in g.get("params") or []] for g in adam.group_settings(reader, prefix)]
                 model, ordered = (_model_part(reader, prefix), True) if single else ([], True)
@@ -226,7 +247,7 @@ def _state_in(files: list[Path], open_reader: Any, notes: list[str]) -> list[ada
                     model, ordered = _model_files(model_files or _beside(path), open_reader)
                 adam.name_params(state, model, ordered, groups)
                 if state.naming:
-                    notes.append(state.naming)
+                    notes.append(HistoryNote(HistoryNoteKind.NUMBERED, state.naming))
                 out += state.params
     return out
 
@@ -286,7 +307,7 @@ def drift_grid(paths: list[Path], sort: str = "name", selection: Selection | Non
     selection = selection or Selection()
     columns = [str(p) for p in files]
     table: dict[str, list[float | None]] = {}
-    notes: dict[str, list[str]] = {c: [] for c in columns}
+    notes: dict[str, list[HistoryNote]] = {c: [] for c in columns}
     extra: dict[str, list[dict[str, Any]]] = {c: [] for c in columns}
     skip = _optimizer_globs(files[0]) if files else ()
     chosen = Selection(selection.include, selection.exclude + skip)
