@@ -183,6 +183,9 @@ def test_history_options_need_summary():
     assert result.exit_code == 2 and "--of drift" in result.stderr
     result = run("report", "--summary", "--plot", "x.pdf", "x.npy")
     assert result.exit_code == 2 and ".svg, .html or .png" in result.stderr
+    for args in (["--max-norm", "1"], ["--axes", "1"], ["--ord", "inf"], ["--across-files"], ["--sort", "norm"]):
+        result = run("report", "--summary", "--of", "grads", *args, "x.npy")
+        assert result.exit_code == 2 and "--of norms, not --of grads" in result.stderr, args
 
 
 def test_keras_optimizer_variables_are_said_not_read_in_one_line():

@@ -261,6 +261,13 @@ def _check_history_options(kwargs: dict[str, Any]) -> None:
                 raise click.UsageError(f"{name} works with --summary (one picture of a run's files)")
     if kwargs["max_drift"] is not None and kwargs["quantity"] != "drift":
         raise click.UsageError("--max-drift needs --of drift")
+    if kwargs["quantity"] != "norms":
+        # these shape the tensors' own norms, which --of grads|drift do not show
+        for name, given in (("--max-norm", kwargs["max_norm"] is not None), ("--axes", kwargs["axes"] is not None),
+                            ("--ord", kwargs["order"] != "2"), ("--across-files", kwargs["across_files"]),
+                            ("--sort norm", kwargs["sort"] == "norm")):
+            if given:
+                raise click.UsageError(f"{name} works with --of norms, not --of {kwargs['quantity']}")
     plot = kwargs["plot"]
     if plot is not None and not plot.lower().endswith((".svg", ".html", ".png")):
         raise click.UsageError(f"--plot {plot}: the picture's format is chosen by its suffix: .svg, .html or .png")
