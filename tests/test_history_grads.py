@@ -236,3 +236,19 @@ def test_notes_are_typed(training):
     assert [n.kind for notes in sgd.notes.values() for n in notes] == [HistoryNoteKind.NO_ADAM_STATE] * 2
     hf = grads_grid(sorted((out / "hf").glob("checkpoint-*/*")))
     assert HistoryNoteKind.NUMBERED in {n.kind for notes in hf.notes.values() for n in notes}
+
+
+def test_drift_gate_fails_on_what_it_could_not_compare(tmp_path):
+    from safetensors.numpy import save_file
+
+    save_file({"a.weight": np.ones((2, 2), np.float32), "b.weight": np.ones(3, np.float32)},
+              str(tmp_path / "step_1.safetensors"))
+    save_file({"a.weight": np.ones((2, 2), np.float32), "b.weight": np.ones(4, np.float32)},
+              str(tmp_path / "step_2.safetensors"))
+    result = run("report", "--summary", "--of", "drift", "--max-drift", "0.5", tmp_path / "step_1.safetensors",
+                 tmp_path / "step_2.safetensors")
+    assert result.exit_code == 3, result.output
+    assert "b.weight: was not measured between" in result.stderr
+    items = lines(run("report", "--summary", "--of", "drift", "--json", *sorted(tmp_path.glob("*"))).stdout)
+    assert items[1]["not_measured"] == [{"name": "b.weight", "why": "shape differs"}]
+    assert items[1]["tensors"][0]["drift"] == 0.0
