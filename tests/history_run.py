@@ -9,6 +9,8 @@ state and a lagging step count) until step 4, and writes every 3 steps:
 - ``OUT/hf/checkpoint-N/``: ``model.safetensors`` + ``optimizer.pt`` (Trainer style);
 - ``OUT/named/step_N.pt``: the optimizer state keyed by parameter name
   (``torch.distributed.checkpoint.state_dict.get_optimizer_state_dict``);
+- ``OUT/flat/step_N.pt``: the same flattened (``state.<name>.exp_avg_sq``,
+  ``param_groups.<name>.betas``), as DCP stores it;
 - ``OUT/sgd/step_N.pt``: the same with SGD + momentum (not Adam-like);
 - ``OUT/truth.json``: the true per-step squared gradient norms, each checkpoint's
   optimizer state as the formulas need it (sum of exp_avg_sq summed exactly, each
@@ -24,7 +26,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
-from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
 SPIKE_STEP, SPIKE_FACTOR, STEPS, EVERY, FROZEN_UNTIL = 7, 1000.0, 12, 3, 4
 
@@ -81,6 +83,9 @@ def main(out: Path) -> None:
         (out / "named").mkdir(parents=True, exist_ok=True)
         torch.save({"model": model.state_dict(), "optimizer": get_optimizer_state_dict(model, opt)},
                    out / "named" / f"step_{step}.pt")
+        (out / "flat").mkdir(parents=True, exist_ok=True)
+        flat = get_optimizer_state_dict(model, opt, options=StateDictOptions(flatten_optimizer_state_dict=True))
+        torch.save({"model": model.state_dict(), "optim": flat}, out / "flat" / f"step_{step}.pt")
     sgd_model, _, _ = model_and_groups(1)
     sgd = torch.optim.SGD(sgd_model.parameters(), lr=1e-2, momentum=0.9)
     (out / "sgd").mkdir(parents=True, exist_ok=True)

@@ -53,7 +53,7 @@ def close(a: float, b: float, rel: float) -> bool:
 
 
 @needs_torch
-@pytest.mark.parametrize("layout", ["pt", "hf", "named"])
+@pytest.mark.parametrize("layout", ["pt", "hf", "named", "flat"])
 def test_grads_match_the_formulas_for_every_checkpoint_and_interval(training, layout):
     out, truth = training
     files = [str(out / "hf" / "checkpoint-*")] if layout == "hf" else sorted((out / layout).glob("step_*.pt"))
@@ -66,7 +66,7 @@ def test_grads_match_the_formulas_for_every_checkpoint_and_interval(training, la
         by_key = {str(d["key"]): d for d in item["tensors"]}
         assert len(by_key) == len(truth["checkpoints"][c]["state"])  # a frozen parameter has no state yet
         for name, state in truth["checkpoints"][c]["state"].items():
-            d = by_key[str(state["key"]) if layout != "named" else name]
+            d = by_key[str(state["key"]) if layout in ("pt", "hf") else name]
             assert d["step"] == state["step"] and d["beta2"] == BETA2
             assert close(d["sum_exp_avg_sq"], state["sum"], 1e-15)
             assert close(d["ema_sq"], ema(state["sum"], state["step"]), 1e-9)
@@ -82,7 +82,7 @@ def test_grads_match_the_formulas_for_every_checkpoint_and_interval(training, la
                 assert span["mean_sq"] == 0 and span["clamped_at_zero"] and not span["trusted"]
             checked += 1
     assert checked == 6 * 4 - 1  # 0.bias has no state at step 3
-    assert by_key[str(truth["checkpoints"][-1]["state"]["0.bias"]["key"]) if layout != "named" else "0.bias"][
+    assert by_key[str(truth["checkpoints"][-1]["state"]["0.bias"]["key"]) if layout in ("pt", "hf") else "0.bias"][
         "step"] == STEPS - FROZEN_UNTIL  # its own step, not the checkpoint's
 
 

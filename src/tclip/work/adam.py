@@ -148,10 +148,24 @@ def group_settings(reader: TensorReader, prefix: str) -> list[dict[str, Any]]:
     return [groups[i] for i in sorted(groups)]
 
 
+def flat_betas(reader: TensorReader, prefix: str) -> dict[str, float]:
+    """beta2 per parameter name from a flattened state (``param_groups.<name>.betas``, as
+    ``get_optimizer_state_dict(..., flatten_optimizer_state_dict=True)`` and DCP write it)."""
+    pattern = re.compile(re.escape(prefix) + r"param_groups\.(.+)\.betas$")
+    out = {}
+    for other in reader.others:
+        match = pattern.match(other.name)
+        if match and not match[1].isdigit():
+            betas = reader.plain_data(other.name)
+            if isinstance(betas, list | tuple) and len(betas) == 2 and isinstance(betas[1], float | int):
+                out[match[1]] = float(betas[1])
+    return out
+
+
 def read_state(reader: TensorReader, prefix: str) -> OptimizerState:
     """The Adam-like state under ``prefix``: per parameter, V, its own step and b2."""
     groups = group_settings(reader, prefix)
-    beta_of: dict[str, float] = {}
+    beta_of: dict[str, float] = flat_betas(reader, prefix)
     order: list[str] = []
     for group in groups:
         betas = group.get("betas")
@@ -163,7 +177,7 @@ def read_state(reader: TensorReader, prefix: str) -> OptimizerState:
             order.append(str(key))
             if isinstance(beta2, float | int) and not isinstance(beta2, bool):
                 beta_of[str(key)] = float(beta2)
-    if not groups:
+    if not groups and not beta_of:
         return OptimizerState(missing="its optimizer state has no param_groups (no beta2 to read)")
     out = OptimizerState()
     keys = {}
