@@ -72,10 +72,10 @@ def float32_beta(beta: float) -> float:
 def exact_sum(reader: TensorReader, name: str) -> float:
     """The sum of a tensor's values, exact until rounded once to float64 (NaN/Inf propagate).
 
-    Values of 32 bits or fewer are split into an integer mantissa (below 2**24) and an
-    exponent; the mantissas of each exponent add exactly (float64 holds integers to
-    2**53, and at most 2**22 of them are added per chunk), and the per-exponent totals
-    are combined as Python integers. Wider values are added by :class:`ExactSum`.
+    Values of 32 bits or fewer are split (from their float32 bits) into an integer
+    mantissa (below 2**24) and an exponent; the mantissas of each exponent add exactly
+    (float64 holds integers to 2**53, and at most 2**22 of them are added per chunk),
+    and the per-exponent totals are combined as Python integers. Wider values are added by :class:`ExactSum`.
     """
     size = reader.tensors[name].size
     total, shift = 0, 0  # the sum is total * 2**shift
@@ -94,12 +94,20 @@ def exact_sum(reader: TensorReader, name: str) -> float:
             values = values[finite]
         if not values.size:
             continue
-        mantissa, exponent = np.frexp(values)
-        low = int(exponent.min())
-        counts = np.bincount(exponent - low, weights=mantissa.astype(np.float64) * (1 << 24))
-        for offset, amount in enumerate(counts.tolist()):
+        # a float32 is (-1)^sign * mantissa * 2^(exponent - 150), mantissa < 2**24 an integer
+        bits = values.view(np.uint32)
+        exponent = (bits >> np.uint32(23)) & np.uint32(0xFF)
+        mantissa = bits & np.uint32(0x7FFFFF)
+        mantissa |= (exponent != 0).astype(np.uint32) << np.uint32(23)  # the implicit bit of normal numbers
+        signed = mantissa.astype(np.float64)
+        negative = bits >= np.uint32(1 << 31)
+        if negative.any():
+            signed[negative] *= -1
+        np.maximum(exponent, np.uint32(1), out=exponent)  # subnormals share the smallest normal's scale
+        counts = np.bincount(exponent.astype(np.intp), weights=signed, minlength=256)
+        for biased, amount in enumerate(counts.tolist()):
             if amount:
-                at = low + offset - 24
+                at = biased - 150
                 if at < shift:
                     total <<= shift - at
                     shift = at
