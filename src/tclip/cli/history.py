@@ -5,7 +5,6 @@ Imported only when asked for: the pictures' modules are imported only when drawn
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -107,7 +106,3 @@ def show_grid(runner: Runner, grid: Any, plot: str | None, heatmap: bool, comman
             runner.error(plot, f"{plot}: cannot write ({error.strerror or error})")
             return False
     return True
-
-
-def _finite(value: float | None) -> bool:
-    return value is not None and math.isfinite(value)

@@ -29,7 +29,6 @@ from . import adam
 from .results import SCHEMA_VERSION, FileReport, json_safe
 from .selection import Selection
 
-QUANTITIES = ("norms", "grads", "drift")
 TOP_CELLS = 10
 
 

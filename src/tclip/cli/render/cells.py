@@ -9,7 +9,6 @@ and none is pure white).
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 
@@ -100,7 +99,3 @@ def ratio_text(level: float, span: float) -> str:
     if factor >= 1:
         return f"x{factor:.3g}"
     return f"x{factor:.2g}"
-
-
-def finite_or_none(value: float) -> float | None:
-    return value if math.isfinite(value) else None

@@ -28,9 +28,6 @@ import numpy as np
 
 from ...work.history import Grid
 from .cells import (
-    HIGH,
-    LOW,
-    MIDDLE,
     MISSING,
     NONFINITE,
     Shades,
@@ -326,7 +323,3 @@ def png_picture(grid: Grid, labels: list[str], command: str) -> bytes:
     buffer = io.BytesIO()
     canvas.save(buffer, "PNG", optimize=True)
     return buffer.getvalue()
-
-
-__all__ = ["PlotError", "write_plot", "svg_picture", "html_picture", "png_picture", "png_bytes",
-           "HIGH", "LOW", "MIDDLE"]
