@@ -80,7 +80,7 @@ def picture_data(grid: Grid, labels: list[str]) -> tuple[list[int], Shades, np.n
     present = grid.present()[order] if order else np.zeros((0, len(grid.columns)), dtype=bool)
     s = shades(values, present)
     names = [grid.rows[i] for i in order]
-    short = shorten_names(names, NAME_WIDTH, "~")
+    short = shorten_names(names, NAME_WIDTH, "…")  # as the tables shorten them
     return order, s, values, [short[n] for n in names], [_cut(x, 24) for x in labels]
 
 
