@@ -215,6 +215,15 @@ def global_command(ctx: click.Context, clip_norm: float, use_norm: float | None,
 @click.option("--stats", is_flag=True, help="Also min, max, mean, std, zeros and a log2 |x| histogram.")
 @click.option("--summary", is_flag=True,
               help="One row per file (natural order), then the tensors that changed most between files.")
+@click.option("--of", "quantity", type=click.Choice(["norms", "grads", "drift"]), default="norms",
+              show_default=True,
+              help="With --summary: the tensors' own norms, gradient norms from Adam optimizer state, or the "
+                   "relative change of each tensor between consecutive files.")
+@click.option("--max-drift", type=FiniteFloat(positive=True), default=None,
+              help="With --summary --of drift: exit 3 if a tensor's relative change between two files exceeds this.")
+@click.option("--plot", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="With --summary: write a tensors x files picture, by suffix .svg, .html or .png.")
+@click.option("--heatmap", is_flag=True, help="With --summary: draw the tensors x files grid in the terminal.")
 @click.option("--across-files", is_flag=True, help="Treat all FILEs as one tensor set (one global norm).")
 @budget_options
 @selection_options("Include")
@@ -232,13 +241,36 @@ def report_command(ctx: click.Context, **kwargs: Any) -> None:
     Example:
         tclip report --max-norm 100 grads.safetensors || echo "exploded"
         tclip report --summary 'run/step_*.safetensors'
+        tclip report --summary --of grads --plot grads.svg 'run/checkpoint-*'
     """
     if kwargs["summary"] and kwargs["stats"]:
         # One row per file has no room for per-tensor statistics: say so, never ignore it.
         raise click.UsageError("--stats shows per-tensor statistics and --summary one row per file; use one of them")
+    _check_history_options(kwargs)
     from .runner import run_report
 
     ctx.exit(run_report(**kwargs))
+
+
+def _check_history_options(kwargs: dict[str, Any]) -> None:
+    """--of, --plot, --heatmap and --max-drift belong to --summary: say so, never ignore them."""
+    if not kwargs["summary"]:
+        for name, given in (("--of", kwargs["quantity"] != "norms"), ("--plot", kwargs["plot"] is not None),
+                            ("--heatmap", kwargs["heatmap"]), ("--max-drift", kwargs["max_drift"] is not None)):
+            if given:
+                raise click.UsageError(f"{name} works with --summary (one picture of a run's files)")
+    if kwargs["max_drift"] is not None and kwargs["quantity"] != "drift":
+        raise click.UsageError("--max-drift needs --of drift")
+    if kwargs["quantity"] != "norms":
+        # these shape the tensors' own norms, which --of grads|drift do not show
+        for name, given in (("--max-norm", kwargs["max_norm"] is not None), ("--axes", kwargs["axes"] is not None),
+                            ("--ord", kwargs["order"] != "2"), ("--across-files", kwargs["across_files"]),
+                            ("--sort norm", kwargs["sort"] == "norm")):
+            if given:
+                raise click.UsageError(f"{name} works with --of norms, not --of {kwargs['quantity']}")
+    plot = kwargs["plot"]
+    if plot is not None and not plot.lower().endswith((".svg", ".html", ".png")):
+        raise click.UsageError(f"--plot {plot}: the picture's format is chosen by its suffix: .svg, .html or .png")
 
 
 @cli.command("info")

@@ -307,6 +307,12 @@ class TensorReader(ABC):
         when the format can give them as data (never code) in at most ``limit`` bytes."""
         return None
 
+    def plain_data(self, name: str) -> Any:
+        """A non-tensor object as plain data (numbers, strings, booleans, None, and tuples
+        or lists of them: an optimizer's ``param_groups.N.betas`` or ``.params``), or None
+        where the format keeps no such object under that name. Never runs code."""
+        return None
+
     def stored_bytes(self, name: str, chunk: int = 1 << 20) -> Iterator[bytes] | None:
         """The tensor's stored bytes in storage order, never interpreted (for data that
         is not numbers: strings, dates, opaque types), or None where the format keeps

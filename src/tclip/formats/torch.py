@@ -338,6 +338,11 @@ class TorchReader(TensorReader):
         """A saved number or string (``step``, ``lr``), for comparing two checkpoints."""
         return _plain_value(self._values[name], limit) if name in self._values else None
 
+    def plain_data(self, name: str) -> Any:
+        """A saved number, string, or tuple/list of them (an optimizer's ``betas``, its
+        ``params`` indices or names), as the pickle interpreter built it (it calls nothing)."""
+        return _plain_data(self._values[name]) if name in self._values else None
+
 
 _MAX_OVERLAP_CHECKS = 100_000  # about a second of exact checks
 
@@ -396,6 +401,16 @@ def _value_text(value: Any) -> str:
     else:
         return ""
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _plain_data(value: Any, depth: int = 0) -> Any:
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, list | tuple) and depth < 4:
+        items = [_plain_data(v, depth + 1) for v in value]
+        if all(i is not None or v is None for i, v in zip(items, value)):
+            return tuple(items) if isinstance(value, tuple) else items
+    return None
 
 
 def _plain_value(value: Any, limit: int) -> np.ndarray | None:
