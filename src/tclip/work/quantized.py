@@ -157,7 +157,17 @@ def _check_fused(plan: Plan, files: list[FileStats], fused: dict[tuple[str, floa
                 continue
             if any(p[1] == "global scale" for p in entry.encoding.parts):
                 unclipped[entry.name] = found.global_value
+    left_out = {name: value for stats in files for name, value in stats.global_scales.items()}
     for (key, value), members in fused.items():
+        excluded = sorted(n for n, v in left_out.items() if v == value and _fused_key(n) == key)
+        if excluded:
+            clipped = ", ".join(repr(n) for n, _ in sorted(members))
+            raise UnsupportedError((f"tensor {excluded[0]!r}" + (f" (and {len(excluded) - 1} more)" if
+                                    len(excluded) > 1 else "") + " is left out of the selection, but it shares "
+                                    f"one NVFP4 global scale with {clipped} (a fused group, which vLLM loads with "
+                                    "one global scale for all): clipping only part of the group would give it "
+                                    "different global scales; nothing was written. Select the group whole, or "
+                                    "leave all of it out with ", Option.EXCLUDE), where)
         siblings = [n for n, v in unclipped.items() if v == value and _fused_key(n) == key]
         factors = {"nan" if math.isnan(f) else f for _, f in members} | ({1.0} if siblings else set())
         if len(factors) > 1:

@@ -25,6 +25,7 @@ from ..formats.registry import holds_metadata, output_format
 from ..messages import Option
 from ..text import name_list
 from .budget import Budget
+from .gate import gate_tolerance
 from .passes import Action, Block, HeldTensors, Progress, Walk, run_pass, tensor_walk
 from .plan import TensorWork
 from .results import Note, NoteKind
@@ -209,11 +210,26 @@ def _encoded_steps(reader: TensorReader, writer: TensorWriter | None, work: dict
                 raise UnsupportedError(f"tensor {name!r}: {error}; nothing was written", reader.path) from None
         result.after[name] = TensorStats.empty(info.shape, tensor_axes)
         result.changed[name] = 0
-        if measure_after:
-            walks.append(tensor_walk(reader, name, axes=tensor_axes, factor=factor))
+        walk = tensor_walk(reader, name, axes=tensor_axes, factor=factor)
+        if measure_after or hasattr(walk.reducer, "check_landing"):  # (the check needs the after-statistics)
+            walks.append(walk)
         else:
             result.after[name].count = info.size
     return jobs, walks
+
+
+def _check_encoded(reader: TensorReader, walks: list[Walk], result: RewriteResult) -> None:
+    """After the walks measuring rescaled weights, before anything is committed: refuse a
+    rescale whose rounded scales miss the factor by more than their dtype's gate tolerance,
+    and count the values it flushed to zero."""
+    for walk in walks:
+        check = getattr(walk.reducer, "check_landing", None)
+        if check is None:
+            continue
+        check(gate_tolerance(reader.tensors[walk.name].dtype), reader.path)
+        flushed = walk.reducer.flushed()
+        if flushed:
+            result.flushed[walk.name] = flushed
 
 
 def _run_rewrite(reader: TensorReader, writer: TensorWriter | None, work: dict[str, TensorWork], axes: object,
@@ -296,6 +312,7 @@ def _run_rewrite(reader: TensorReader, writer: TensorWriter | None, work: dict[s
 
     result.bytes_read += run_pass(steps, budget, rewrite, merge, progress=progress,
                                   total=os.stat(reader.path).st_size)
+    _check_encoded(reader, after_walks, result)
 
 
 def _copy(reader: TensorReader, writer: TensorWriter | None, name: str, written: set[str]) -> int:
