@@ -454,8 +454,9 @@ class _Parser:
         nbytes = None
         if kind is not None:
             count = math.prod(dims)
-            if count and dims[0] % kind.block_elements:
-                raise self.fail(f"tensor {name!r}: rows of {dims[0]} values are not a whole number of "
+            row = dims[0] if dims else 1  # a 0-d tensor (a scalar) is one row of one value
+            if count and row % kind.block_elements:
+                raise self.fail(f"tensor {name!r}: rows of {row} values are not a whole number of "
                                 f"{kind.name} blocks ({kind.block_elements} values each)")
             nbytes = count // kind.block_elements * kind.block_bytes
         if offset % alignment:
