@@ -171,7 +171,7 @@ def test_no_numpy_warning_leaks_from_a_signalling_nan_scale(tmp_path, command):
     for line in result.stderr.splitlines():
         assert line.startswith(f"Warning: {path}: "), line
     if command == ["report", "--json"]:
-        assert json.loads(result.stdout)["tensors"][0]["nan"] == 256  # the NaN block's values, as ever
+        assert json.loads(result.stdout)["tensors"][0]["nonfinite"]["nan"] == 256  # the NaN block's values, as ever
 
 
 def test_no_numpy_warning_leaks_from_diff_or_a_clip(tmp_path):

@@ -553,6 +553,7 @@ class LogicalReader(TensorReader):
         self.format_name = stored.format_name
         self.metadata = stored.metadata
         self.others = stored.others
+        self.damage = stored.damage
         self._extra: dict[str, TensorReader] = {}
         if opener is None:
             from .registry import open_reader as opener

@@ -46,6 +46,7 @@ class NoteKind(enum.Enum):
     OPTIMIZER_STATE = "a training optimizer's state was left out"
     INDEX_CHOSEN = "a folder holds two indexes of one checkpoint; one was taken"
     NO_OUTPUT = "a dry run found no output a real run could write"
+    DATA_MISSING = "the file's header lists data the file does not hold (it is truncated)"
 
 
 class Note(Tagged):
@@ -341,6 +342,7 @@ class InfoReport:
     others: list[OtherReport] = field(default_factory=list)
     shared: list[list[str]] = field(default_factory=list)  # tensors stored in one buffer (tied weights)
     files: list[str] | None = None  # a set: its shards, in natural order (as its index names them)
+    warnings: list[Note] = field(default_factory=list)  # e.g. the data is missing (a file cut after its header)
 
     def dtype_texts(self) -> list[str]:
         """Each tensor's dtype as shown (one name per distinct dtype: a header can list a million tensors)."""
@@ -395,4 +397,6 @@ class InfoReport:
             data["shared_storage"] = [list(names) for names in self.shared]
         if self.files is not None:
             data["files"] = list(self.files)
+        if self.warnings:
+            data["warnings"] = [spelled(w, name) for w in self.warnings]
         return data

@@ -98,6 +98,8 @@ def _rewrite(reader: TensorReader, work: dict[str, TensorWork], target: Path | N
              writer_factory: Callable[..., TensorWriter] | None, measure_after: bool = True,
              commit_marker: Path | None = None) -> RewriteResult:
     started = time.perf_counter()
+    if reader.damage is not None:
+        raise TclipError(reader.damage, reader.path)
     result = RewriteResult(str(reader.path), None if target is None else str(target), {}, {},
                            measured=measure_after)
     stored = stored_reader(reader)  # what the file holds: what the writer writes

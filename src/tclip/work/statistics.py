@@ -106,6 +106,8 @@ def _statistics(reader: TensorReader, selection: Selection, axes: object, track_
                 held: HeldTensors | None) -> FileStats:
     started = time.perf_counter()
     path = reader.path
+    if reader.damage is not None:
+        raise TclipError(reader.damage, path)
     entries, to_read = select(reader, selection, axes, whole_if_rank_skip)
     _check_slice_memory([(reader.tensors[n], a) for n, a in to_read.items()], budget, path)
     stats = {name: TensorStats.empty(reader.tensors[name].shape, a, track_l1=track_l1,
