@@ -514,7 +514,8 @@ def report_set(tensor_set: TensorSet, selection: Selection, order: str, axes: An
                        {k: v for s in stats for k, v in s.stats.items()},
                        [o for s in stats for o in s.others], tensor_set.metadata,
                        sum(s.bytes_read for s in stats),
-                       findings={k: v for s in stats for k, v in s.findings.items()})
+                       findings={k: v for s in stats for k, v in s.findings.items()},
+                       unmeasured_others=[n for s in stats for n in s.unmeasured_others])
     params: dict[str, Any] = {"ord": order}
     if axes is not None:
         params["axes"] = list(axes)

@@ -53,6 +53,8 @@ class FileStats:
     # The global scale of each quantized weight with one that the selection leaves out: a fused
     # group (q/k/v sharing one NVFP4 global scale) is clipped whole or not at all.
     global_scales: dict[str, float] = field(default_factory=dict)
+    # What is not a tensor, of a type tclip cannot read, that the selection takes: skipped, never measured.
+    unmeasured_others: list[str] = field(default_factory=list)
 
     @property
     def selected(self) -> list[str]:
@@ -116,6 +118,7 @@ def _statistics(reader: TensorReader, selection: Selection, axes: object, track_
     result = FileStats(str(path), reader.format_name, size, entries, stats, list(reader.others),
                        dict(reader.metadata), overlaps=[tuple(o) for o in reader.overlaps()])
     result.global_scales = _left_out_global_scales(reader, entries)
+    result.unmeasured_others = [o.name for o in reader.others if o.unreadable_type and selection.matches(o.name)]
     walks = [tensor_walk(reader, name, axes=stats[name].axes) for name in to_read]
 
     def work(block: Block, scratch: Scratch) -> tuple[list[tuple], Findings | None]:
