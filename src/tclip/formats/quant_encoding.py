@@ -229,6 +229,18 @@ class _Raw:
         self.old_scales = scales if old_scales is None else old_scales
 
 
+def _leaves_normal_range(values: np.ndarray, products: np.ndarray, dtype: np.dtype) -> bool:
+    """Whether any finite, non-zero value's product falls below ``dtype``'s smallest normal
+    value (or to zero) or beyond its largest (float64 values and products)."""
+    import ml_dtypes
+
+    info = ml_dtypes.finfo(dtype)
+    with np.errstate(invalid="ignore", over="ignore"):
+        magnitude = np.abs(products)
+        live = np.isfinite(values) & (values != 0)
+        return bool(np.any(live & ((magnitude < float(info.tiny)) | (magnitude > float(info.max)))))
+
+
 def _row_text(row: int, shape: tuple[int, ...]) -> str:
     where = np.unravel_index(row, shape[:-1]) if len(shape) > 2 else (row,)
     return str(int(where[0])) if len(where) == 1 else str(tuple(int(i) for i in where))
@@ -288,9 +300,39 @@ class CodeSource:
                                                      np.float64))
         self.rescale_blocks = factor is not None and encoding.scheme.global_op is None
         self.grid = grid
-        # With a factor: what the rescale leaves against what was (check_landing). E8M0
-        # scales move by exact powers of two (or are refused), so they need no check.
-        self.landing = _Landing() if factor is not None and not encoding.e8m0_rescale else None
+        # With a factor: what the rescale leaves against what was (check_landing), where it may
+        # miss. E8M0 scales move by exact powers of two (or are refused): they never do.
+        self.landing = _Landing() if factor is not None and not encoding.e8m0_rescale and self._may_miss() \
+            else None
+
+    def _may_miss(self) -> bool:
+        """Whether some scale times the factor leaves its dtype's normal range (below its smallest
+        normal value, to zero, or past its largest), read from the scales alone. Within it every
+        rewritten scale is the exact product within half a unit in the last place, and so is
+        the weight's norm (and each row's): no check is needed, nor the walk it takes."""
+        encoding, factor = self.encoding, np.asarray(self.factor, np.float64)
+        rescaled = encoding.weight.rescaled
+        assert rescaled is not None
+        if rescaled.role == "global scale":
+            if self.global_raw is None:
+                return False
+            raw = np.asarray([self.global_raw], np.float64)
+            product = raw / factor.reshape(-1)[:1] if encoding.scheme.global_op == "divide" \
+                else raw * factor.reshape(-1)[:1]
+            return _leaves_normal_range(raw, product, np.asarray(self.reader.read_part(rescaled.name, 0, 1)).dtype)
+        total, nbc = math.prod(rescaled.shape), max(self.grid.nbc, 1)
+        step = max(nbc, RESCALE_CHUNK // nbc * nbc)
+        for start in range(0, total, step):
+            raw = np.asarray(self.reader.read_part(rescaled.name, start, min(total, start + step)))
+            values = raw.astype(np.float64).reshape(-1)
+            if factor.ndim:  # one factor per row: each band is one row
+                per_band = factor.reshape(-1)[start // nbc:start // nbc + -(-values.size // nbc)]
+                product = values * np.repeat(per_band, nbc)[:values.size]
+            else:
+                product = values * float(factor)
+            if _leaves_normal_range(values, product, raw.dtype):
+                return True
+        return False
 
     def read(self, start: int, stop: int, out: np.ndarray | None) -> _Raw:
         encoding, grid = self.encoding, self.grid

@@ -213,7 +213,7 @@ def _encoded_steps(reader: TensorReader, writer: TensorWriter | None, work: dict
         result.after[name] = TensorStats.empty(info.shape, tensor_axes)
         result.changed[name] = 0
         walk = tensor_walk(reader, name, axes=tensor_axes, factor=factor)
-        if measure_after or hasattr(walk.reducer, "check_landing"):  # (the check needs the after-statistics)
+        if measure_after or getattr(walk.reducer, "landing", None) is not None:  # (its check needs them)
             walks.append(walk)
         else:
             result.after[name].count = info.size
