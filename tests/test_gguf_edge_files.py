@@ -58,7 +58,8 @@ def split_set(folder: Path) -> Path:
                   ("split.tensors.count", "add_int32", 2)])
 
 
-@pytest.mark.parametrize("command", [["report", "--max-norm", "100"], ["info"], ["global", "--clip", "1", "--out-dir", "x"]])
+@pytest.mark.parametrize("command", [["report", "--max-norm", "100"], ["info"],
+                                     ["global", "--clip", "1", "--out-dir", "x"]])
 def test_a_split_file_outside_its_set_is_refused(tmp_path, command):
     bad = split_set(tmp_path)
     args = [*command[:-1], tmp_path / "out"] if command[-1] == "x" else command

@@ -241,7 +241,7 @@ class FileReport:
     def not_measured_count(self) -> int:
         """Selected tensors tclip could not measure (refused by their format, of a type it cannot
         read, quantized in a way it does not understand): the global norm leaves them out."""
-        return sum(t.selected and t.skipped is not None and t.skipped.kind in UNMEASURED for t in self.tensors) + \
+        return sum(t.selected and getattr(t.skipped, "kind", None) in UNMEASURED for t in self.tensors) + \
             sum(o.not_measured for o in self.others)
 
     @property
