@@ -167,3 +167,28 @@ def test_an_empty_fp8_weight_is_an_empty_tensor(tmp_path, shape, scale_shape):
         assert result.exit_code == 0, result.output
         data = json.loads(result.stdout)
         assert data["global_norm_after"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+def test_a_set_checks_a_rescale_that_may_miss_before_writing_any_file(tmp_path, in_place):
+    """Codes and float16 scales in one shard, a plain tensor in the other: the miss is found
+    before either shard is written (in place, no shard may be replaced before it fails)."""
+    rng = np.random.default_rng(4)
+    codes = rng.uniform(-400, 400, (4, 64)).astype(ml_dtypes.float8_e4m3fn)
+    shards = {"model-00001-of-00002.safetensors": {"model.embed_tokens.weight": np.full((8, 8), 3.0, np.float32)},
+              "model-00002-of-00002.safetensors": {W: codes, W + "_scale": np.full((4, 1), 1e-4, np.float16)}}
+    weight_map = {}
+    for file, tensors in shards.items():
+        (tmp_path / file).write_bytes(safetensors_bytes(tensors))
+        weight_map.update({name: file for name in tensors})
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    before = {file: (tmp_path / file).read_bytes() for file in shards}
+    out = tmp_path / "out"
+    args = ["--in-place"] if in_place else ["--out-dir", out]
+    result = run("norm", "--clip", "1e-5", *args, index)
+    assert result.exit_code == 1, result.output
+    assert W in result.stderr and "nothing was written" in result.stderr
+    assert {file: (tmp_path / file).read_bytes() for file in shards} == before
+    assert not out.exists() or not any(out.iterdir())
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*shards, index.name])

@@ -55,7 +55,7 @@ from .journal import (
 from .options import ClipOptions
 from .plan import Plan, TensorWork, make_plan
 from .policy import check_nonfinite, check_selection
-from .quantized import check_quantized_plan, logical_names, quantized_notes
+from .quantized import check_quantized_plan, logical_names, quantized_notes, rescales_that_may_miss
 from .reporting import (
     finish_report,
     flush_note,
@@ -319,6 +319,10 @@ def clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_addres
         for file_stats in stats:  # shards keep their format: bytes shared by tensors are written once
             check_tied(file_stats, plan.work[file_stats.path], mode.name)
         check_quantized_plan(plan, stats, tensor_set.name)
+        may_miss = rescales_that_may_miss(plan, stats) if len(todo) > 1 and not options.dry_run else {}
+        if may_miss:  # where a rescale may miss its factor, check it before any file is written
+            pool.map(rewrite_task, [((path, work, None, axes, False, pool.task_budget, options.drop_nonnumeric),
+                                     {"layout": layout}) for path, work in may_miss.items()])
         if journal is not None and resumed is None:
             write_journal(journal, tensor_set, mode, options, stats, plan)
             for f in files:  # a marker left by a run given up on (restored, journal removed) means nothing now
