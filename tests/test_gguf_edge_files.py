@@ -128,6 +128,14 @@ def test_the_summary_says_what_part_of_the_file_its_global_norm_covers(tmp_path)
     assert run("report", "--max-norm", "1000", path).exit_code == 3
     batch = run("report", path, path.with_name("mixed.gguf"))  # every file's line says it too
     assert batch.stdout.count("16 not measured") == 2
+    other = tmp_path / "other.gguf"
+    other.write_bytes(path.read_bytes())
+    summary = run("report", "--summary", path, other)  # one row per file: each says it
+    assert summary.exit_code == 0, summary.output
+    rows = [line for line in summary.stdout.splitlines() if line.startswith(("mixed", "other"))]
+    assert len(rows) == 2 and all(row.rstrip().endswith("16 of 21") for row in rows), summary.stdout
+    objects = [json.loads(line) for line in run("report", "--summary", "--json", path, other).stdout.splitlines()]
+    assert [o["tensors_not_measured"] for o in objects] == [16, 16]
 
 
 # --------------------------------------------------------------------------- 0-d tensors and empty weights
