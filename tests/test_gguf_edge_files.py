@@ -86,6 +86,16 @@ def test_a_split_number_beyond_the_count_is_refused(tmp_path):
     assert str(stray) in result.stderr and "split.no" in result.stderr
 
 
+@pytest.mark.parametrize("no, count", [(4, 1), (0, 0), (-1, 1)])
+def test_split_keys_out_of_range_in_a_file_of_its_own_are_refused(tmp_path, no, count):
+    path = write(tmp_path / "model.gguf", {"blk.0.attn_q.weight": np.ones((1, 4), np.float32)},
+                 [("split.no", "add_int32", no), ("split.count", "add_int32", count)])
+    for command in (["report"], ["info"]):
+        result = run(*command, path)
+        assert result.exit_code == 1, result.output
+        assert result.stderr.startswith(f"Error: {path}: ") and "split.no" in result.stderr
+
+
 def test_the_set_itself_is_still_read(tmp_path):
     split_set(tmp_path)
     result = run("report", "--json", tmp_path / "m-00002-of-00002.gguf")

@@ -189,8 +189,12 @@ class GgufHeader:
         """``split.no``, ``split.count`` and ``split.tensors.count``, when the file has them."""
         if "split.count" not in self.metadata and "split.no" not in self.metadata:
             return None
-        return GgufSplit(self._integer_key("split.no", 0), self._integer_key("split.count", 1),
-                         self._integer_key("split.tensors.count", None))
+        split = GgufSplit(self._integer_key("split.no", 0), self._integer_key("split.count", 1),
+                          self._integer_key("split.tensors.count", None))
+        if split.count < 1 or not 0 <= split.no < split.count:
+            raise FormatError(f"its split.no ({split.no}) is out of range for split.count {split.count} "
+                              f"(0 to {split.count - 1}): it is no file of a split set", self.path)
+        return split
 
     def _integer_key(self, key: str, default: int | None) -> Any:
         if key not in self.metadata:
