@@ -486,7 +486,8 @@ def _f16_bits(blocks: np.ndarray, at: int, order: str) -> np.ndarray:
 
 
 def _f16_value(bits: np.ndarray) -> np.ndarray:
-    return bits.view(np.float16).astype(np.float32)
+    with np.errstate(invalid="ignore"):  # signalling NaNs flag the cast; they stay NaN
+        return bits.view(np.float16).astype(np.float32)
 
 
 def _f16_parts(bits: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -576,13 +577,13 @@ def _dequantize_quant(type_id: int, blocks: np.ndarray, order: str) -> np.ndarra
     c = quant.codes(blocks, order).astype(np.float32)
     if quant.bias:
         c -= np.float32(quant.bias)
-    if quant.scales is not None:
-        a, b = quant.scales(blocks)
-        scale = d * a.astype(np.float32)[:, :, None]
-    else:
-        b = None
-        scale = d
-    with np.errstate(invalid="ignore", over="ignore"):
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN/Inf scales (signalling NaNs too) give NaN/Inf
+        if quant.scales is not None:
+            a, b = quant.scales(blocks)
+            scale = d * a.astype(np.float32)[:, :, None]
+        else:
+            b = None
+            scale = d
         values = scale * c
         if quant.m_at is not None:
             m = _f16_value(_f16_bits(blocks, quant.m_at, order))[:, None, None]
@@ -734,7 +735,8 @@ def _scaled_sums(quant: _Quant, blocks: np.ndarray, order: str, a: np.ndarray | 
     """Types without a minimum: v = d * (A c), every value exact in float32.
 
     ``d**2`` (22 bits) times the integer ``Σ A² Σc²`` (at most 33 bits) rounds once."""
-    d = _f16_bits(blocks, quant.d_at, order).view(np.float16).astype(np.float64)
+    with np.errstate(invalid="ignore"):  # signalling NaNs flag the cast; they are masked below
+        d = _f16_bits(blocks, quant.d_at, order).view(np.float16).astype(np.float64)
     ok = np.isfinite(d)
     d[~ok] = 0.0
     if a is None:  # one sub-block, A = 1
@@ -994,7 +996,8 @@ def round_f16_product(bits: np.ndarray, factor: float) -> np.ndarray:
     """
     bits = np.asarray(bits, np.uint16)
     finite = (bits & np.uint16(0x7C00)) != np.uint16(0x7C00)
-    value = bits.view(np.float16).astype(np.float64)
+    with np.errstate(invalid="ignore"):  # signalling NaNs flag the cast; they are kept as they are
+        value = bits.view(np.float16).astype(np.float64)
     if factor < _TINY_FACTOR:
         return np.where(finite, bits & np.uint16(0x8000), bits).astype(np.uint16)
     head = np.array(factor).view(np.int64) & ~np.int64((1 << 11) - 1)

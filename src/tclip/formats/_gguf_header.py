@@ -177,6 +177,8 @@ class GgufHeader:
     tensor_info_end: int
     data_offset: int
     _by_name: Mapping[str, GgufTensor] = field(repr=False, compare=False, default_factory=dict)
+    # Parsed with data_may_be_missing: why the tensor data is not all there (None: it is).
+    truncated: str | None = None
 
     def tensor(self, name: str) -> GgufTensor:
         """The tensor called ``name`` (KeyError if there is none)."""
@@ -187,8 +189,12 @@ class GgufHeader:
         """``split.no``, ``split.count`` and ``split.tensors.count``, when the file has them."""
         if "split.count" not in self.metadata and "split.no" not in self.metadata:
             return None
-        return GgufSplit(self._integer_key("split.no", 0), self._integer_key("split.count", 1),
-                         self._integer_key("split.tensors.count", None))
+        split = GgufSplit(self._integer_key("split.no", 0), self._integer_key("split.count", 1),
+                          self._integer_key("split.tensors.count", None))
+        if split.count < 1 or not 0 <= split.no < split.count:
+            raise FormatError(f"its split.no ({split.no}) is out of range for split.count {split.count} "
+                              f"(0 to {split.count - 1}): it is no file of a split set", self.path)
+        return split
 
     def _integer_key(self, key: str, default: int | None) -> Any:
         if key not in self.metadata:
@@ -198,8 +204,11 @@ class GgufHeader:
         return self.metadata[key]
 
 
-def parse_gguf(path: str | os.PathLike[str]) -> GgufHeader:
+def parse_gguf(path: str | os.PathLike[str], data_may_be_missing: bool = False) -> GgufHeader:
     """Parse the header of the GGUF file at ``path`` and check its tensor layout.
+
+    ``data_may_be_missing``: tensor data running past the end of the file (a file cut after
+    its header) is no error; the header's ``truncated`` says what is missing instead.
 
     Raises:
         FormatError: not a GGUF file, an unsupported version, a malformed or
@@ -221,7 +230,9 @@ def parse_gguf(path: str | os.PathLike[str]) -> GgufHeader:
         if len(start) < 24:
             raise FormatError(f"truncated GGUF header: the file has only {size} bytes", name)
         with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as buffer:
-            return _Parser(buffer, size, name).header()
+            parser = _Parser(buffer, size, name)
+            parser.data_may_be_missing = data_may_be_missing
+            return parser.header()
 
 
 def read_array(path: str | os.PathLike[str], array: GgufArray, byteorder: str = "<") -> list[Any]:
@@ -259,6 +270,8 @@ class _Parser:
         self.path = path
         self.order = byteorder
         self.pos = 0
+        self.data_may_be_missing = False
+        self.past_end: list[str] = []  # with data_may_be_missing: why each tensor's data is not there
 
     def fail(self, message: str) -> FormatError:
         return FormatError(message, self.path)
@@ -417,7 +430,14 @@ class _Parser:
         self.check_overlaps(tensors)
         return GgufHeader(self.path, version, self.order, self.size, MappingProxyType(metadata),
                           MappingProxyType(types), tensors, alignment, info_end, data_offset,
-                          MappingProxyType(by_name))
+                          MappingProxyType(by_name), self._truncation())
+
+    def _truncation(self) -> str | None:
+        """What a file cut short lacks: the first tensor whose data is not all there, and how many more."""
+        if not self.past_end:
+            return None
+        more = len(self.past_end) - 1
+        return self.past_end[0] + (f" (and {more} more tensor{'s' if more > 1 else ''})" if more else "")
 
     def alignment(self, metadata: dict[str, Any], types: dict[str, ValueType]) -> int:
         if "general.alignment" not in metadata:
@@ -454,8 +474,9 @@ class _Parser:
         nbytes = None
         if kind is not None:
             count = math.prod(dims)
-            if count and dims[0] % kind.block_elements:
-                raise self.fail(f"tensor {name!r}: rows of {dims[0]} values are not a whole number of "
+            row = dims[0] if dims else 1  # a 0-d tensor (a scalar) is one row of one value
+            if count and row % kind.block_elements:
+                raise self.fail(f"tensor {name!r}: rows of {row} values are not a whole number of "
                                 f"{kind.name} blocks ({kind.block_elements} values each)")
             nbytes = count // kind.block_elements * kind.block_bytes
         if offset % alignment:
@@ -465,8 +486,11 @@ class _Parser:
         end = start + (nbytes or 0)
         if end > self.size:
             extent = f"bytes {start}..{end}" if nbytes is not None else f"byte {start}"
-            raise self.fail(f"tensor {name!r}: its data ({extent}) runs past the end of the file "
-                            f"({self.size} bytes); the file is truncated or the header is wrong")
+            message = (f"tensor {name!r}: its data ({extent}) runs past the end of the file "
+                       f"({self.size} bytes); the file is truncated or the header is wrong")
+            if not self.data_may_be_missing:
+                raise self.fail(message)
+            self.past_end.append(message)
         return GgufTensor(name, shape, dims, ggml_type, type_name(ggml_type), start, nbytes)
 
     def check_overlaps(self, tensors: tuple[GgufTensor, ...]) -> None:

@@ -241,6 +241,9 @@ class TensorReader(ABC):
     """A tensor file opened for reading. Use as a context manager."""
 
     format_name: str = ""
+    # What makes the data the header lists unreadable (a GGUF file cut after its header), or None:
+    # info lists the header with it as a warning; every command that reads data refuses the file with it.
+    damage: str | None = None
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)

@@ -425,7 +425,10 @@ class GgufReader(TensorReader):
         super().__init__(path)
         from ._gguf_header import parse_gguf
 
-        self.header: GgufHeader = parse_gguf(path)
+        # A file cut after its header is listed (info reads headers only); reading its data is refused.
+        self.header: GgufHeader = parse_gguf(path, data_may_be_missing=True)
+        self.damage = self.header.truncated
+        self.split = self.header.split  # (keys out of range are an error, whether or not it stands for a set)
         self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         try:
             if os.fstat(self._fd).st_size != self.header.file_size:

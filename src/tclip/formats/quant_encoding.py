@@ -43,6 +43,7 @@ from ..core.quant import (
 from ..core.stats import TensorStats
 from ..core.units import UnitGrid
 from ..errors import TclipError, UnsupportedError
+from ..messages import Option
 from ._io import DEFAULT_BLOCK_BYTES
 from .base import Encoding, EncodingSummary, TensorInfo, TensorReader, TensorWriter
 from .quant_layout import QuantLayout, QuantWeight, detect, headers_of, read_configs
@@ -59,7 +60,8 @@ class BlockGrid:
     def __init__(self, shape: tuple[int, ...], block: tuple[int, int]) -> None:
         self.shape = shape
         self.rows, self.cols = shape[-2], shape[-1]
-        self.bh, self.bw = block
+        # A weight without rows or columns fits a block of none: count it as 1 ([4, 0] with [4, 1] scales).
+        self.bh, self.bw = max(block[0], 1), max(block[1], 1)
         self.lead = math.prod(shape[:-2])
         self.nbr, self.nbc = -(-self.rows // self.bh), -(-self.cols // self.bw)
         self.bands = self.lead * self.nbr
@@ -158,6 +160,8 @@ class BlockScaled(Encoding):
         self.check_factor(factor)
         rescaled = self.weight.rescaled
         assert rescaled is not None
+        if not math.prod(self.weight.shape):
+            return []  # no values to scale: the scales are copied as they are
         if rescaled.role == "global scale":
             def job() -> int:
                 raw = np.asarray(reader.read_part(rescaled.name, 0, 1))
@@ -212,15 +216,62 @@ class Undecoded(Encoding):
 
 class _Raw:
     """The stored data of elements ``[start, stop)``: codes (uint8, as stored) and the scales of
-    the bands they touch (float64, as read or as a rescale leaves them)."""
+    the bands they touch (float64, as read or as a rescale leaves them; ``old_scales``: as read,
+    where a rescale changed them)."""
 
-    __slots__ = ("start", "stop", "codes", "first_band", "scales", "raw_scales", "nbytes")
+    __slots__ = ("start", "stop", "codes", "first_band", "scales", "raw_scales", "nbytes", "old_scales")
 
     def __init__(self, start: int, stop: int, codes: np.ndarray, first_band: int, scales: np.ndarray,
-                 raw_scales: np.ndarray) -> None:
+                 raw_scales: np.ndarray, old_scales: np.ndarray | None = None) -> None:
         self.start, self.stop, self.codes = start, stop, codes
         self.first_band, self.scales, self.raw_scales = first_band, scales, raw_scales
         self.nbytes = codes.nbytes + raw_scales.nbytes
+        self.old_scales = scales if old_scales is None else old_scales
+
+
+def _leaves_normal_range(values: np.ndarray, products: np.ndarray, dtype: np.dtype) -> bool:
+    """Whether any finite, non-zero value's product falls below ``dtype``'s smallest normal
+    value (or to zero) or beyond its largest (float64 values and products)."""
+    import ml_dtypes
+
+    info = ml_dtypes.finfo(dtype)
+    with np.errstate(invalid="ignore", over="ignore"):
+        magnitude = np.abs(products)
+        live = np.isfinite(values) & (values != 0)
+        return bool(np.any(live & ((magnitude < float(info.tiny)) | (magnitude > float(info.max)))))
+
+
+def _row_text(row: int, shape: tuple[int, ...]) -> str:
+    where = np.unravel_index(row, shape[:-1]) if len(shape) > 2 else (row,)
+    return str(int(where[0])) if len(where) == 1 else str(tuple(int(i) for i in where))
+
+
+class _Landing:
+    """What a rescale leaves of each unit against what it held: the exact sums of squares
+    before and after (of the unit, or of each row it touches, by row) and the non-zero values
+    it made zero. Kept per unit and added up in unit order, whatever the threads."""
+
+    def __init__(self) -> None:
+        self.units: dict[int, tuple[int, np.ndarray, np.ndarray, int]] = {}
+
+    def add(self, k: int, first_row: int, before: np.ndarray, after: np.ndarray, flushed: int) -> None:
+        self.units[k] = (first_row, before, after, flushed)
+
+    def flushed(self) -> int:
+        return sum(unit[3] for unit in self.units.values())
+
+    def totals(self, rows: int | None) -> tuple[np.ndarray, np.ndarray]:
+        """The sums of squares before and after: of the tensor (one entry), or per row."""
+        before, after = np.zeros(rows or 1), np.zeros(rows or 1)
+        for k in sorted(self.units):
+            first_row, b, a, _ = self.units[k]
+            if rows is None:
+                before[0] += float(np.sum(b))
+                after[0] += float(np.sum(a))
+            else:
+                before[first_row:first_row + b.size] += b
+                after[first_row:first_row + a.size] += a
+        return before, after
 
 
 class CodeSource:
@@ -249,6 +300,39 @@ class CodeSource:
                                                      np.float64))
         self.rescale_blocks = factor is not None and encoding.scheme.global_op is None
         self.grid = grid
+        # With a factor: what the rescale leaves against what was (check_landing), where it may
+        # miss. E8M0 scales move by exact powers of two (or are refused): they never do.
+        self.landing = _Landing() if factor is not None and not encoding.e8m0_rescale and self._may_miss() \
+            else None
+
+    def _may_miss(self) -> bool:
+        """Whether some scale times the factor leaves its dtype's normal range (below its smallest
+        normal value, to zero, or past its largest), read from the scales alone. Within it every
+        rewritten scale is the exact product within half a unit in the last place, and so is
+        the weight's norm (and each row's): no check is needed, nor the walk it takes."""
+        encoding, factor = self.encoding, np.asarray(self.factor, np.float64)
+        rescaled = encoding.weight.rescaled
+        assert rescaled is not None
+        if rescaled.role == "global scale":
+            if self.global_raw is None:
+                return False
+            raw = np.asarray([self.global_raw], np.float64)
+            product = raw / factor.reshape(-1)[:1] if encoding.scheme.global_op == "divide" \
+                else raw * factor.reshape(-1)[:1]
+            return _leaves_normal_range(raw, product, np.asarray(self.reader.read_part(rescaled.name, 0, 1)).dtype)
+        total, nbc = math.prod(rescaled.shape), max(self.grid.nbc, 1)
+        step = max(nbc, RESCALE_CHUNK // nbc * nbc)
+        for start in range(0, total, step):
+            raw = np.asarray(self.reader.read_part(rescaled.name, start, min(total, start + step)))
+            values = raw.astype(np.float64).reshape(-1)
+            if factor.ndim:  # one factor per row: each band is one row
+                per_band = factor.reshape(-1)[start // nbc:start // nbc + -(-values.size // nbc)]
+                product = values * np.repeat(per_band, nbc)[:values.size]
+            else:
+                product = values * float(factor)
+            if _leaves_normal_range(values, product, raw.dtype):
+                return True
+        return False
 
     def read(self, start: int, stop: int, out: np.ndarray | None) -> _Raw:
         encoding, grid = self.encoding, self.grid
@@ -263,10 +347,12 @@ class CodeSource:
         last_band = int(grid.band((stop - 1) // grid.cols)) if stop > start else first_band
         raw = np.asarray(encoding.read_scales(self.reader, first_band * grid.nbc, (last_band + 1) * grid.nbc))
         stored = raw
+        old = None
         if self.rescale_blocks:
             raw = encoding.new_scales(raw.reshape(-1), self.factor, first_band)  # type: ignore[arg-type]
+            old = scale_values(stored, encoding.scheme.e8m0).reshape(-1, grid.nbc)
         scales = scale_values(raw, encoding.scheme.e8m0).reshape(-1, grid.nbc)
-        return _Raw(start, stop, codes, first_band, scales, stored)
+        return _Raw(start, stop, codes, first_band, scales, stored, old)
 
     def units(self, data: _Raw, grid: UnitGrid, first: int, stop: int) -> Any:
         """Each unit ``k`` as (k, its element range, its :class:`UnitCodes`, the unit's shape)."""
@@ -276,8 +362,9 @@ class CodeSource:
             codes = data.codes[(lo - data.start) // per_byte:(hi - data.start) // per_byte]
             yield k, lo, hi, self.rows(codes, lo, hi, data), grid.unit_shape(k)
 
-    def rows(self, codes: np.ndarray, lo: int, hi: int, data: _Raw) -> UnitCodes:
-        """Elements ``[lo, hi)`` (whole rows, or a piece of one) as :class:`UnitCodes`."""
+    def rows(self, codes: np.ndarray, lo: int, hi: int, data: _Raw, old: bool = False) -> UnitCodes:
+        """Elements ``[lo, hi)`` (whole rows, or a piece of one) as :class:`UnitCodes` (``old``: with
+        the scales as stored, before a rescale)."""
         blocks = self.grid
         cols = blocks.cols
         if hi - lo >= cols and lo % cols == 0:
@@ -287,7 +374,8 @@ class CodeSource:
         row0 = lo // cols
         first_band, last_band = int(blocks.band(row0)), int(blocks.band(row0 + rows - 1))
         columns = slice(col0 // blocks.bw, (col0 + width - 1) // blocks.bw + 1)
-        scales = data.scales[first_band - data.first_band:last_band - data.first_band + 1, columns]
+        scales = (data.old_scales if old else data.scales)[first_band - data.first_band:
+                                                            last_band - data.first_band + 1, columns]
         runs = None
         if blocks.bh > 1 or last_band - first_band + 1 < rows:  # bands are consecutive: one run of rows each
             runs, start = [], row0
@@ -335,8 +423,66 @@ class CodeSource:
                                 else min(findings.first_bad_code, lo + at)
             if findings is not None:
                 self._scale_findings(findings, data, lo, hi, unit)
+            elif self.landing is not None and finite:
+                self._land(k, lo, hi, data, unit, sums if row_axes else np.asarray([closed]), row_axes)
             results.append((sum_sq, smallest, largest, nans, infs, sum_abs, hi - lo, moments))
         return results, findings
+
+    def _land(self, k: int, lo: int, hi: int, data: _Raw, unit: UnitCodes, after: np.ndarray,
+              per_row: bool) -> None:
+        """Record unit ``k``'s exact sums of squares before the rescale beside those after it,
+        and how many of its non-zero values the rescale made zero."""
+        assert self.landing is not None
+        encoding = self.encoding
+        op = encoding.scheme.global_op
+        old = self.rows(unit.raw, lo, hi, data, old=True) if self.rescale_blocks else unit
+        before = closed_form(old, per_row)[0]
+        if op is not None:
+            before = _apply_global(before, 0.0, 0.0, op, self.global_raw)[0]
+        if not per_row:
+            before = np.asarray([float(np.add.reduce(before))])
+        flushed = 0
+        if (self.rescale_blocks and np.any((unit.scales == 0) & (old.scales != 0))) or \
+                (op is not None and self.global_value == 0 and self.global_raw != 0):
+            with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+                flushed = int(np.count_nonzero(self._values(old, None, op, self.global_raw))
+                              - np.count_nonzero(self._values(unit, None, op, self.global_value)))
+        self.landing.add(k, lo // self.grid.cols if self.grid.cols else 0, before, np.asarray(after, np.float64),
+                         flushed)
+
+    def flushed(self) -> int:
+        """Non-zero values the rescale made zero (after a walk with a factor)."""
+        return 0 if self.landing is None else self.landing.flushed()
+
+    def check_landing(self, tolerance: float, path: object) -> None:
+        """Refuse a rescale that does not leave the weight -- each row, with one factor per row --
+        at the factor times its old norm within ``tolerance``, relative (its scales' rounding:
+        among float16's subnormals, or flushed to zero, they keep too few bits). Called after a
+        walk with the factor, before anything is committed."""
+        if self.landing is None or self.factor is None:
+            return
+        factor = np.asarray(self.factor, np.float64).reshape(-1)
+        rows = None if factor.size == 1 else factor.size
+        before, after = self.landing.totals(rows)
+        name, scheme = self.encoding.weight.name, self.encoding.scheme.label
+        for row, (f, squares_before, squares_after) in enumerate(zip(np.broadcast_to(factor, before.shape),
+                                                                     before, after)):
+            if f == 1.0 or not (math.isfinite(squares_before) and math.isfinite(squares_after)) \
+                    or squares_before == 0:
+                continue
+            target = float(f) * math.sqrt(squares_before)
+            landed = math.sqrt(squares_after)
+            if abs(landed - target) > tolerance * target:
+                where = "" if rows is None else f"row {_row_text(row, self.encoding.weight.shape)} "
+                bound = f"2**{math.log2(tolerance):.0f}" if math.log2(tolerance).is_integer() else f"{tolerance:.3g}"
+                scales = self.encoding.weight.rescaled
+                part = "" if scales is None else f" {scales.name!r} ({scales.dtype})"
+                raise UnsupportedError((f"tensor {name!r} ({scheme}): rewriting its scales{part} by {f:.4g} leaves "
+                                        f"its {where}norm at {landed:.6g} instead of {target:.6g} "
+                                        f"({landed / target - 1:+.2g}, more than {bound} off: the new scales fall "
+                                        "among their dtype's subnormals or to zero, which keep too few bits); "
+                                        "nothing was written. Requantize it rather than clip it, or leave it out "
+                                        "with ", Option.EXCLUDE), path)
 
     def _values(self, unit: UnitCodes, scratch: Scratch | None, op: str | None, global_value: float | None
                 ) -> np.ndarray:
@@ -449,6 +595,7 @@ class LogicalReader(TensorReader):
         self.format_name = stored.format_name
         self.metadata = stored.metadata
         self.others = stored.others
+        self.damage = stored.damage
         self._extra: dict[str, TensorReader] = {}
         if opener is None:
             from .registry import open_reader as opener

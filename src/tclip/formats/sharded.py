@@ -83,7 +83,25 @@ def set_anchor(path: Path) -> Path:
     match = GGUF_SPLIT_NAME.fullmatch(path.name)
     if match is None or not is_gguf_split(path):
         return path
+    st = os.stat(path)
+    split = _gguf_split(str(path), st.st_ino, st.st_mtime_ns, st.st_size)
+    assert split is not None
+    try:
+        _check_split_member(path, match, *split)
+    except FormatError:
+        return path  # it stands for no set but itself: opening it says what is wrong
     return path.with_name(f"{match['prefix']}-00001-of-{match['count']}.gguf")
+
+
+def _check_split_member(path: Path, match: re.Match[str], no: int, count: int) -> None:
+    """A file named as a split of a set must be one: ``split.no`` in ``0..count-1``, and its
+    name's number and count those of its split keys."""
+    if not 0 <= no < count:
+        raise FormatError(f"its split.no ({no}) is out of range for split.count {count} (0 to {count - 1}): it is "
+                          "no file of a split set", path)
+    if int(match["count"]) != count or int(match["no"]) != no + 1:
+        raise FormatError(f"named split {int(match['no'])} of {int(match['count'])}, but its split keys say "
+                          f"{no + 1} of {count} (split.no {no}, split.count {count})", path)
 
 
 def load_gguf_split(path: Path) -> TensorSet:
@@ -100,9 +118,7 @@ def load_gguf_split(path: Path) -> TensorSet:
         raise FormatError(f"a file of a split GGUF set (split {split.no + 1} of {split.count}) not named "
                           "PREFIX-0000N-of-0000M.gguf, as llama.cpp names them: its other files cannot be found",
                           path)
-    if int(match["count"]) != split.count or int(match["no"]) != split.no + 1:
-        raise FormatError(f"named split {int(match['no'])} of {int(match['count'])}, but its split keys say "
-                          f"{split.no + 1} of {split.count}", path)
+    _check_split_member(path, match, split.no, split.count)
     files = [path.with_name(f"{match['prefix']}-{i:05d}-of-{match['count']}.gguf") for i in range(1, split.count + 1)]
     total, expected = 0, None
     for number, file in enumerate(files):

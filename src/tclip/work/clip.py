@@ -150,5 +150,8 @@ def file_info(path: Path | str, layout: QuantLayout | None = None) -> InfoReport
                               None if t.encoding is None else t.encoding.summary, t.role)
                    for t in reader.tensors.values()]
         others = [OtherReport.of(o) for o in reader.others]
-        return InfoReport(str(path), reader.format_name, path.stat().st_size, tensors, dict(reader.metadata), others,
+        info = InfoReport(str(path), reader.format_name, path.stat().st_size, tensors, dict(reader.metadata), others,
                           [list(names) for names in reader.shared_storage()])
+        if reader.damage is not None:  # the header is all info reads: list it, and say what is missing
+            info.warnings.append(Note(NoteKind.DATA_MISSING, f"{reader.damage}: only the header can be listed"))
+        return info

@@ -293,6 +293,9 @@ def diff_files(a: Path | str, b: Path | str, *, rtol: float = 0.0, atol: float =
     report = DiffReport(str(a), str(b), rtol, atol, tensors_only=tensors_only)
     # Quantized weights are compared as their real values, under their own names (scales are parts).
     with open_any_logical(Path(a)) as reader_a, open_any_logical(Path(b)) as reader_b:
+        for reader in (reader_a, reader_b):
+            if reader.damage is not None:
+                raise TclipError(reader.damage, reader.path)
         renamed: dict[str, str] = {}
         used: set[int] = set()  # the rules that renamed something
         for name in reader_a.tensors:

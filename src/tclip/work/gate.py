@@ -24,7 +24,7 @@ import numpy as np
 from ..core.dtypes import ML_FLOAT_TYPES
 from ..errors import TclipError
 from ..text import fmt_number, name_list, natural_key
-from .results import Note, NoteKind, json_safe, slice_label
+from .results import UNMEASURED, Note, NoteKind, json_safe, slice_label
 from .selection import Selection, SkipKind, is_rank_skip
 
 # How many names a line of the gate shows before "and N more".
@@ -47,9 +47,7 @@ def gate_tolerance(dtype: np.dtype) -> float:
     return 2 * _EPS.get(kind, 2.0 ** -23)
 
 
-# Selected tensors a check could not measure: the format refused them, their type is unreadable,
-# or they are quantized weights tclip does not understand.
-_UNMEASURED = (SkipKind.REFUSED, SkipKind.UNREADABLE_TYPE, SkipKind.NOT_UNDERSTOOD)
+_UNMEASURED = UNMEASURED
 
 
 def unmeasured(report: Any, selection: Selection | None = None) -> list[tuple[str, str]]:

@@ -33,7 +33,7 @@ from ..core.quant import Findings, is_power_of_two
 from ..errors import UnsupportedError
 from ..formats.quant_layout import QuantLayout
 from ..messages import Option
-from .plan import Plan
+from .plan import Plan, TensorWork
 from .results import Note, NoteKind
 from .selection import SkipKind, TensorEntry
 from .statistics import FileStats
@@ -115,6 +115,34 @@ def check_quantized_plan(plan: Plan, files: list[FileStats], where: object) -> N
     _check_fused(plan, files, fused, where)
 
 
+def rescales_that_may_miss(plan: Plan, files: list[FileStats]) -> dict[str, dict[str, TensorWork]]:
+    """Per file, the quantized weights with work whose rescale may miss its factor: some scale
+    (by pass 1's smallest and largest) times the factor leaves its dtype's normal range. Their
+    rewrite checks where they land (see ``BlockScaled``'s reducer); a set runs that check
+    before any of its files is written, so that no file is committed before it fails."""
+    import ml_dtypes
+
+    risky: dict[str, dict[str, TensorWork]] = {}
+    for stats in files:
+        entries = {e.name: e for e in stats.tensors if e.encoding is not None and e.skipped is None}
+        for name, task in plan.work.get(stats.path, {}).items():
+            entry, found = entries.get(name), stats.findings.get(name)
+            if entry is None or entry.encoding is None or task.scale is None or found is None \
+                    or entry.encoding.factors != "any" or not entry.encoding.rescaled:
+                continue
+            scales = found.scales.get(entry.encoding.rescaled[0])
+            if scales is None or not scales.largest:
+                continue
+            info = ml_dtypes.finfo(entry.dtype)
+            factors = np.asarray(task.scale, np.float64)
+            low, high = float(np.min(factors)), float(np.max(factors))
+            if any(p[0] == entry.encoding.rescaled[0] and p[1] == "global scale" for p in entry.encoding.parts):
+                low, high = min(low, 1 / high), max(high, 1 / low)  # a global scale may divide (compressed-tensors)
+            if scales.smallest * low < float(info.tiny) or scales.largest * high > float(info.max):
+                risky.setdefault(stats.path, {})[name] = task
+    return risky
+
+
 def _check_power_of_two(entry: TensorEntry, factors: np.ndarray, found: Findings | None, where: object) -> None:
     for factor in factors:
         factor = float(factor)
@@ -157,7 +185,17 @@ def _check_fused(plan: Plan, files: list[FileStats], fused: dict[tuple[str, floa
                 continue
             if any(p[1] == "global scale" for p in entry.encoding.parts):
                 unclipped[entry.name] = found.global_value
+    left_out = {name: value for stats in files for name, value in stats.global_scales.items()}
     for (key, value), members in fused.items():
+        excluded = sorted(n for n, v in left_out.items() if v == value and _fused_key(n) == key)
+        if excluded:
+            clipped = ", ".join(repr(n) for n, _ in sorted(members))
+            raise UnsupportedError((f"tensor {excluded[0]!r}" + (f" (and {len(excluded) - 1} more)" if
+                                    len(excluded) > 1 else "") + " is left out of the selection, but it shares "
+                                    f"one NVFP4 global scale with {clipped} (a fused group, which vLLM loads with "
+                                    "one global scale for all): clipping only part of the group would give it "
+                                    "different global scales; nothing was written. Select the group whole, or "
+                                    "leave all of it out with ", Option.EXCLUDE), where)
         siblings = [n for n, v in unclipped.items() if v == value and _fused_key(n) == key]
         factors = {"nan" if math.isnan(f) else f for _, f in members} | ({1.0} if siblings else set())
         if len(factors) > 1:

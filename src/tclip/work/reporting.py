@@ -55,7 +55,8 @@ def start_report(stats: FileStats, mode_name: str, params: dict[str, object]) ->
         if s is not None:
             fill_before(tensor, s)
         report.tensors.append(tensor)
-    report.others = [OtherReport.of(o) for o in stats.others]
+    unmeasured = set(stats.unmeasured_others)
+    report.others = [OtherReport.of(o, o.name in unmeasured) for o in stats.others]
     report.bytes_read = stats.bytes_read
     return report
 

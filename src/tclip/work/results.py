@@ -20,6 +20,9 @@ from ..messages import Naming, Tagged, library_name, spelled
 from .selection import SkipKind
 
 _NOT_SELECTED = SkipKind.NOT_SELECTED
+# Selected tensors a check could not measure: the format refused them, their type is unreadable,
+# or they are quantized weights tclip does not understand.
+UNMEASURED = (SkipKind.REFUSED, SkipKind.UNREADABLE_TYPE, SkipKind.NOT_UNDERSTOOD)
 
 SCHEMA_VERSION = 1
 # A slice whose L2 norm is at most this is counted as near zero (a dead row).
@@ -47,6 +50,7 @@ class NoteKind(enum.Enum):
     INDEX_CHOSEN = "a folder holds two indexes of one checkpoint; one was taken"
     NO_OUTPUT = "a dry run found no output a real run could write"
     TASK_REPEATED = "a file's task ran twice and found the file rewritten already"
+    DATA_MISSING = "the file's header lists data the file does not hold (it is truncated)"
 
 
 class Note(Tagged):
@@ -162,12 +166,15 @@ class OtherReport:
     shape: list[int] | None = None
     dtype: str = ""
     unreadable_type: bool = False  # of a type tclip cannot read that may hold numbers: no check passes over it
+    # selected and of a type tclip cannot read: a skipped tensor, never measured (counted as skipped)
+    not_measured: bool = False
 
     @classmethod
-    def of(cls, other: Any) -> "OtherReport":
-        """The report line of a format's :class:`~tclip.formats.OtherObject`."""
+    def of(cls, other: Any, selected: bool = False) -> "OtherReport":
+        """The report line of a format's :class:`~tclip.formats.OtherObject` (``selected``: the
+        selection takes it, so one of an unreadable type is a tensor not measured)."""
         return cls(other.name, other.kind, other.reason, None if other.shape is None else list(other.shape),
-                   other.dtype, other.unreadable_type)
+                   other.dtype, other.unreadable_type, selected and other.unreadable_type)
 
 
 def slice_label(shape: list[int], axes: tuple[int, ...] | None) -> str:
@@ -228,9 +235,22 @@ class FileReport:
 
     @property
     def skipped_count(self) -> int:
-        """Selected tensors left as they are (not floating, rank, refused...); unselected
-        ones are counted apart (:attr:`not_selected_count`)."""
-        return sum(t.skipped is not None and t.selected for t in self.tensors)
+        """Selected tensors left as they are (not floating, rank, refused, of a type tclip cannot
+        read...); unselected ones are counted apart (:attr:`not_selected_count`)."""
+        return sum(t.skipped is not None and t.selected for t in self.tensors) + \
+            sum(o.not_measured for o in self.others)
+
+    @property
+    def not_measured_count(self) -> int:
+        """Selected tensors tclip could not measure (refused by their format, of a type it cannot
+        read, quantized in a way it does not understand): the global norm leaves them out."""
+        return sum(t.selected and getattr(t.skipped, "kind", None) in UNMEASURED for t in self.tensors) + \
+            sum(o.not_measured for o in self.others)
+
+    @property
+    def measured_count(self) -> int:
+        """Selected tensors worked on: those the global norm covers."""
+        return sum(t.selected and t.skipped is None for t in self.tensors)
 
     @property
     def not_selected_count(self) -> int:
@@ -256,6 +276,7 @@ class FileReport:
             "global_norm_after": self.global_norm_after,
             "tensors_clipped": self.clipped_count,
             "tensors_skipped": self.skipped_count,
+            "tensors_not_measured": self.not_measured_count,
             "tensors_not_selected": self.not_selected_count,
             "tensors": [t.to_json() for t in self.tensors],
             "bytes_read": self.bytes_read,
@@ -346,6 +367,7 @@ class InfoReport:
     others: list[OtherReport] = field(default_factory=list)
     shared: list[list[str]] = field(default_factory=list)  # tensors stored in one buffer (tied weights)
     files: list[str] | None = None  # a set: its shards, in natural order (as its index names them)
+    warnings: list[Note] = field(default_factory=list)  # e.g. the data is missing (a file cut after its header)
 
     def dtype_texts(self) -> list[str]:
         """Each tensor's dtype as shown (one name per distinct dtype: a header can list a million tensors)."""
@@ -400,4 +422,6 @@ class InfoReport:
             data["shared_storage"] = [list(names) for names in self.shared]
         if self.files is not None:
             data["files"] = list(self.files)
+        if self.warnings:
+            data["warnings"] = [spelled(w, name) for w in self.warnings]
         return data

@@ -26,6 +26,7 @@ from ..formats.registry import holds_metadata, output_format
 from ..messages import Option
 from ..text import name_list
 from .budget import Budget
+from .gate import gate_tolerance
 from .passes import Action, Block, HeldTensors, Progress, Walk, run_pass, tensor_walk
 from .plan import TensorWork
 from .results import Note, NoteKind
@@ -113,6 +114,8 @@ def _rewrite(reader: TensorReader, work: dict[str, TensorWork], target: Path | N
              commit_marker: Path | None = None, expect: tuple[int, int, int] | None = None) -> RewriteResult:
     started = time.perf_counter()
     check_same(reader.path, expect)  # (after the reader opened it: what it reads is that file)
+    if reader.damage is not None:
+        raise TclipError(reader.damage, reader.path)
     result = RewriteResult(str(reader.path), None if target is None else str(target), {}, {},
                            measured=measure_after)
     stored = stored_reader(reader)  # what the file holds: what the writer writes
@@ -227,11 +230,26 @@ def _encoded_steps(reader: TensorReader, writer: TensorWriter | None, work: dict
                 raise UnsupportedError(f"tensor {name!r}: {error}; nothing was written", reader.path) from None
         result.after[name] = TensorStats.empty(info.shape, tensor_axes)
         result.changed[name] = 0
-        if measure_after:
-            walks.append(tensor_walk(reader, name, axes=tensor_axes, factor=factor))
+        walk = tensor_walk(reader, name, axes=tensor_axes, factor=factor)
+        if measure_after or getattr(walk.reducer, "landing", None) is not None:  # (its check needs them)
+            walks.append(walk)
         else:
             result.after[name].count = info.size
     return jobs, walks
+
+
+def _check_encoded(reader: TensorReader, walks: list[Walk], result: RewriteResult) -> None:
+    """After the walks measuring rescaled weights, before anything is committed: refuse a
+    rescale whose rounded scales miss the factor by more than their dtype's gate tolerance,
+    and count the values it flushed to zero."""
+    for walk in walks:
+        check = getattr(walk.reducer, "check_landing", None)
+        if check is None:
+            continue
+        check(gate_tolerance(reader.tensors[walk.name].dtype), reader.path)
+        flushed = walk.reducer.flushed()
+        if flushed:
+            result.flushed[walk.name] = flushed
 
 
 def _run_rewrite(reader: TensorReader, writer: TensorWriter | None, work: dict[str, TensorWork], axes: object,
@@ -314,6 +332,7 @@ def _run_rewrite(reader: TensorReader, writer: TensorWriter | None, work: dict[s
 
     result.bytes_read += run_pass(steps, budget, rewrite, merge, progress=progress,
                                   total=os.stat(reader.path).st_size)
+    _check_encoded(reader, after_walks, result)
 
 
 def _copy(reader: TensorReader, writer: TensorWriter | None, name: str, written: set[str]) -> int:

@@ -60,7 +60,7 @@ from .journal import (
 from .options import ClipOptions
 from .plan import Plan, TensorWork, make_plan
 from .policy import check_nonfinite, check_selection
-from .quantized import check_quantized_plan, logical_names, quantized_notes
+from .quantized import check_quantized_plan, logical_names, quantized_notes, rescales_that_may_miss
 from .reporting import (
     finish_report,
     flush_note,
@@ -408,6 +408,10 @@ def _clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_addre
         if not options.dry_run:
             for file_stats in stats:  # nothing is written when a file is not the one measured
                 check_same(file_stats.path, file_stats.identity)
+        may_miss = rescales_that_may_miss(plan, stats) if len(todo) > 1 and not options.dry_run else {}
+        if may_miss:  # where a rescale may miss its factor, check it before any file is written
+            pool.map(rewrite_task, [((path, work, None, axes, False, pool.task_budget, options.drop_nonnumeric),
+                                     {"layout": layout}) for path, work in may_miss.items()])
         if journal is not None and resumed is None:
             write_journal(journal, tensor_set, mode, options, stats, plan)
             for f in files:  # a marker left by a run given up on (restored, journal removed) means nothing now
@@ -617,7 +621,8 @@ def report_set(tensor_set: TensorSet, selection: Selection, order: str, axes: An
                        {k: v for s in stats for k, v in s.stats.items()},
                        [o for s in stats for o in s.others], tensor_set.metadata,
                        sum(s.bytes_read for s in stats),
-                       findings={k: v for s in stats for k, v in s.findings.items()})
+                       findings={k: v for s in stats for k, v in s.findings.items()},
+                       unmeasured_others=[n for s in stats for n in s.unmeasured_others])
     params: dict[str, Any] = {"ord": order}
     if axes is not None:
         params["axes"] = list(axes)

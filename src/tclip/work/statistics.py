@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..core.kernels import Scratch
 from ..core.quant import Findings
 from ..core.stats import TensorStats
@@ -23,7 +25,7 @@ from ..formats.quant_layout import QuantLayout
 from ..messages import Option
 from .budget import Budget
 from .passes import Block, HeldTensors, Progress, run_pass, tensor_walk
-from .selection import Selection, TensorEntry, select
+from .selection import Selection, SkipKind, TensorEntry, select
 
 
 @dataclass
@@ -51,6 +53,11 @@ class FileStats:
     # The file pass 1 read (tclip.formats.atomic.file_identity), for pass 2 to check it still is
     # that file; set by the tasks of a tensor set.
     identity: tuple[int, int, int] | None = None
+    # The global scale of each quantized weight with one that the selection leaves out: a fused
+    # group (q/k/v sharing one NVFP4 global scale) is clipped whole or not at all.
+    global_scales: dict[str, float] = field(default_factory=dict)
+    # What is not a tensor, of a type tclip cannot read, that the selection takes: skipped, never measured.
+    unmeasured_others: list[str] = field(default_factory=list)
 
     @property
     def selected(self) -> list[str]:
@@ -104,6 +111,8 @@ def _statistics(reader: TensorReader, selection: Selection, axes: object, track_
                 held: HeldTensors | None) -> FileStats:
     started = time.perf_counter()
     path = reader.path
+    if reader.damage is not None:
+        raise TclipError(reader.damage, path)
     entries, to_read = select(reader, selection, axes, whole_if_rank_skip)
     _check_slice_memory([(reader.tensors[n], a) for n, a in to_read.items()], budget, path)
     stats = {name: TensorStats.empty(reader.tensors[name].shape, a, track_l1=track_l1,
@@ -111,6 +120,8 @@ def _statistics(reader: TensorReader, selection: Selection, axes: object, track_
     size = os.stat(path).st_size
     result = FileStats(str(path), reader.format_name, size, entries, stats, list(reader.others),
                        dict(reader.metadata), overlaps=[tuple(o) for o in reader.overlaps()])
+    result.global_scales = _left_out_global_scales(reader, entries)
+    result.unmeasured_others = [o.name for o in reader.others if o.unreadable_type and selection.matches(o.name)]
     walks = [tensor_walk(reader, name, axes=stats[name].axes) for name in to_read]
 
     def work(block: Block, scratch: Scratch) -> tuple[list[tuple], Findings | None]:
@@ -133,3 +144,15 @@ def _statistics(reader: TensorReader, selection: Selection, axes: object, track_
     result.bytes_read = run_pass(walks, budget, work, merge, keep=held, progress=progress, total=size)
     result.elapsed_s = time.perf_counter() - started
     return result
+
+
+def _left_out_global_scales(reader: TensorReader, entries: list[TensorEntry]) -> dict[str, float]:
+    """The global scale of every quantized weight the selection leaves out that has one (one value each)."""
+    found = {}
+    for entry in entries:
+        if entry.encoding is None or entry.skipped is None or entry.skipped.kind is not SkipKind.NOT_SELECTED:
+            continue
+        part = next((p for p in entry.encoding.parts if p[1] == "global scale"), None)
+        if part is not None and math.prod(part[3]) == 1:
+            found[entry.name] = float(np.asarray(reader.read_part(part[0], 0, 1)).astype(np.float64).reshape(-1)[0])
+    return found

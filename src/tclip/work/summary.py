@@ -171,6 +171,7 @@ def summary_json(reports: list[FileReport], name: Naming = library_name, *, sort
             "file": report.file,
             "global_norm": report.global_norm,
             "tensors": len(report.tensors),
+            "tensors_not_measured": report.not_measured_count,
             "largest": {"name": name, "norm": norm},
             "nonfinite": {"tensors": [t.name for t in bad], "nan": sum(t.nan for t in bad),
                           "inf": sum(t.inf for t in bad)},

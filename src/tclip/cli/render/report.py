@@ -258,6 +258,10 @@ def file_summary(report: FileReport, symbols: Symbols = UNICODE) -> list[Text]:
         text.append(f"{label} {fmt_number(report.global_norm)}", style="bold")
         if report.global_norm_after is not None and report.mode != "report":
             text.append(f" {symbols.arrow} {fmt_number(report.global_norm_after)}", style="bold")
+        missing = report.not_measured_count
+        if missing:  # the norm covers only what was measured: say so beside it
+            text.append(f" over {report.measured_count:,} of {report.measured_count + missing:,} tensors "
+                        f"({missing:,} not measured)", style="bold magenta")
     parts = []
     if report.mode != "report":
         parts.append(f"{report.clipped_count} clipped")

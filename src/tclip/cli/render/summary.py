@@ -73,6 +73,11 @@ def render_across_files(reports: list[FileReport], console: Console, width: int 
         Column("nonfinite", "NaN/Inf", [Text(x, style="bold magenta" if x != "0" else "dim") for x in nonfinite],
                "right"),
     ]
+    if any(r.not_measured_count for r in rows):  # a global norm that leaves tensors out says so on its row
+        columns.append(Column("unmeasured", "not measured",
+                              [Text(f"{r.not_measured_count:,} of {r.measured_count + r.not_measured_count:,}",
+                                    style="bold magenta" if r.not_measured_count else "dim") for r in rows],
+                              "right"))
     gave_way: list[str] = []
     lines = [Text(f"{len(steps)} files, global norm {spark}", style="bold")]
     lines += lay_out([safe(labels[r.file]) for r in rows], columns, width, symbols, name_header="file",
