@@ -205,9 +205,12 @@ def group_sets(inputs: list[tuple[str, Path | None]], across: bool) -> list[tupl
 
 
 def _split_anchor(path: Path) -> Path | None:
-    """The first file of the GGUF split set ``path``'s name says it belongs to."""
+    """The first file of the GGUF split set ``path``'s name says it belongs to (None where the
+    set would not read it: a name numbered outside 1..count, such as ``m-00000-of-00002``)."""
     match = GGUF_SPLIT_NAME.fullmatch(Path(path).name)
-    return None if match is None else Path(path).with_name(f"{match['prefix']}-00001-of-{match['count']}.gguf")
+    if match is None or not 1 <= int(match["no"]) <= int(match["count"]):
+        return None
+    return Path(path).with_name(f"{match['prefix']}-00001-of-{match['count']}.gguf")
 
 
 def absolute(tensor_set: TensorSet) -> TensorSet:
