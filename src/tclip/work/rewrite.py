@@ -45,6 +45,9 @@ class RewriteResult:
     measured: bool = True  # the after-statistics were measured
     # Per rewritten 16- or 8-bit float tensor: how many non-zero values the scaling made zero.
     flushed: dict[str, int] = field(default_factory=dict)
+    # Views overlapping in the output (see FileStats.owned): (sum of squares, sum of |x|) of the
+    # stored elements each holds first, read back from the output (None: not measured).
+    owned: dict[str, tuple[float, float]] | None = None
 
 
 def rewrite_file(source: Path | str | TensorReader, work: dict[str, TensorWork], target: Path | None, *,
