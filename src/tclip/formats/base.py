@@ -262,6 +262,19 @@ class SharedElements:
     repeating: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)
     negated: set[str] = field(default_factory=set)
 
+    @classmethod
+    def merged(cls, parts: list["SharedElements"]) -> "SharedElements":
+        """Those of several files (a set's shards, whose tensor names differ) as one."""
+        out = cls()
+        for part in parts:
+            out.tied.update(part.tied)
+            out.part_of.update(part.part_of)
+            out.groups += part.groups
+            out.owned.update(part.owned)
+            out.repeating.update(part.repeating)
+            out.negated |= part.negated
+        return out
+
     def counted_elsewhere(self, name: str) -> str | None:
         """The tensor whose count holds all of ``name``'s stored elements, if another one does."""
         return self.tied.get(name) or self.part_of.get(name)

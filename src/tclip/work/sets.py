@@ -27,6 +27,7 @@ import numpy as np
 
 from ..core.modes import GlobalNormClip, NormClip, ValueClip, value_bounds
 from ..errors import OutputExistsError, TclipError, UnsupportedError
+from ..formats import SharedElements
 from ..formats.quant_encoding import layout_of_files
 from ..formats.quant_layout import QuantLayout
 from ..formats.registry import open_reader
@@ -514,7 +515,9 @@ def report_set(tensor_set: TensorSet, selection: Selection, order: str, axes: An
                        {k: v for s in stats for k, v in s.stats.items()},
                        [o for s in stats for o in s.others], tensor_set.metadata,
                        sum(s.bytes_read for s in stats),
-                       findings={k: v for s in stats for k, v in s.findings.items()})
+                       findings={k: v for s in stats for k, v in s.findings.items()},
+                       shared=SharedElements.merged([s.shared for s in stats]),
+                       owned={k: v for s in stats for k, v in s.owned.items()})
     params: dict[str, Any] = {"ord": order}
     if axes is not None:
         params["axes"] = list(axes)
