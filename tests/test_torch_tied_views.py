@@ -195,7 +195,7 @@ def test_views_within_a_weight_and_partial_overlaps_count_each_stored_element_on
         np.testing.assert_array_equal(reader.read("w.col2"), want[1])
     after = np.concatenate([want[0], want[1][[0, 2, 3]]]).astype(np.float64)
     assert clipped["global_norm_after"] == pytest.approx(float(np.linalg.norm(after)), rel=1e-15)
-    assert "views sharing stored elements: w.row1, w.col2" in ok("report", crossing).stdout
+    assert "overlapping views: w.row1, w.col2" in ok("report", crossing).stdout
 
 
 # --------------------------------------------------------------------------- item 5: negated and repeating views

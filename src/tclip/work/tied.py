@@ -69,7 +69,7 @@ def check_tied(stats: FileStats, work: dict[str, TensorWork], mode_name: str) ->
                 continue
             raise UnsupportedError(
                 f"tensors {first!r} and {second!r} share storage in the file, and {mode_name} would change them "
-                f"differently ({_effect(a)} and {_effect(b)}), but each shared value is stored once; nothing was "
+                f"differently ({_effects(a, b)}), but each shared value is stored once; nothing was "
                 "written. The global mode scales them by one factor; a conversion to safetensors stores each apart",
                 stats.path)
         changed, other = (first, second) if a is not None else (second, first)
@@ -128,10 +128,18 @@ def _uniform(scale: np.ndarray) -> float | None:
     return float(values[0]) if values.size == 1 else None
 
 
-def _effect(task: TensorWork) -> str:
+def _effects(a: TensorWork, b: TensorWork) -> str:
+    """``"×0.5 and ×0.25"``; with all their digits where six do not tell the two apart."""
+    first, second = _effect(a), _effect(b)
+    if first == second:
+        first, second = _effect(a, 17), _effect(b, 17)
+    return f"{first} and {second}"
+
+
+def _effect(task: TensorWork, digits: int = 6) -> str:
     if task.bounds is not None:
-        return f"bounds [{task.bounds[0]:.6g}, {task.bounds[1]:.6g}]"
+        return f"bounds [{task.bounds[0]:.{digits}g}, {task.bounds[1]:.{digits}g}]"
     assert task.scale is not None
     factor = _uniform(task.scale)
-    return f"×{factor:.6g}" if factor is not None else f"{task.scale.size} factors, one per slice"
+    return f"×{factor:.{digits}g}" if factor is not None else f"{task.scale.size} factors, one per slice"
 

@@ -272,7 +272,7 @@ def tie_lines(tensors: Sequence[Any], what: str = "the global norm") -> list[Tex
     overlapping = [t.name for t in tensors if getattr(t, "counted_norm", None) is not None
                    or getattr(t, "stored", None) is not None]
     if overlapping:
-        lines.append(Text(f"views sharing stored elements: {name_list([safe(n) for n in overlapping], 4)} (each "
+        lines.append(Text(f"overlapping views: {name_list([safe(n) for n in overlapping], 4)} (each "
                           f"stored element counted once in {what})", style="dim"))
     return lines
 
