@@ -118,6 +118,8 @@ def test_a_tied_model_has_one_global_norm_in_every_format(tied_model):
     assert rows["lm_head.weight"]["tied_to"] == "model.embed_tokens.weight"
     table = ok("report", folder / "model.pt").stdout
     assert "tied: lm_head.weight = model.embed_tokens.weight" in table
+    l1 = [as_json("report", "--ord", "1", folder / name)["global_norm"] for name in ("model.pt", "model.safetensors")]
+    assert l1[0] == l1[1]
 
 
 def test_global_clip_of_a_tied_model_scales_by_the_same_factor_in_every_format(tied_model, tmp_path):

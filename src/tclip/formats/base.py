@@ -279,12 +279,6 @@ class SharedElements:
         """The tensor whose count holds all of ``name``'s stored elements, if another one does."""
         return self.tied.get(name) or self.part_of.get(name)
 
-    def stored_count(self, name: str, size: int) -> int:
-        """How many stored elements ``name`` (of ``size`` elements) adds to a count over the tensors."""
-        if self.counted_elsewhere(name) is not None:
-            return 0
-        return self.owned.get(name, size)
-
 
 class TensorReader(ABC):
     """A tensor file opened for reading. Use as a context manager."""

@@ -110,7 +110,7 @@ def _factors_agree(factors: np.ndarray, strides: tuple[int, ...]) -> bool:
     stored = np.zeros(span, np.float64)
     at = np.lib.stride_tricks.as_strided(stored, factors.shape, [s * 8 for s in strides], writeable=True)
     at[...] = factors
-    return bool(np.array_equal(at, factors))
+    return bool(np.array_equal(at, factors, equal_nan=True))
 
 
 def _same_result(a: TensorWork, b: TensorWork, same_view: bool) -> bool:
