@@ -281,3 +281,91 @@ def test_factors_that_agree_on_every_repeated_element_are_written(unfolded, tmp_
     assert got["stride"] == [1, 1]
     row = tclip.clip_by_norm(np.array([3.0, 4.0, 12.0], np.float32), 1.0)
     np.testing.assert_array_equal(np.array(got["rows"], np.float32), np.broadcast_to(row, (4, 3)))
+
+
+# --------------------------------------------------------------------------- any views, against brute force
+
+
+def _random_views(rng: np.random.Generator, size: int) -> dict[str, th.View]:
+    views = {}
+    for i in range(int(rng.integers(1, 5))):
+        ndim = int(rng.integers(1, 4))
+        shape = tuple(int(n) for n in rng.integers(1, 5, ndim))
+        stride = tuple(int(s) for s in rng.integers(0, 7, ndim))
+        if rng.random() < 0.35:  # a dense block (a weight), which others may lie within
+            shape = (int(rng.integers(4, 9)), *shape[1:])
+            stride = th.contiguous("0", shape).stride
+        span = sum((n - 1) * s for n, s in zip(shape, stride)) + 1
+        if rng.random() < 0.3 and views:  # the same view again, or its transpose
+            base = list(views.values())[int(rng.integers(len(views)))]
+            shape, stride = (base.shape[::-1], base.stride[::-1]) if rng.random() < 0.5 else (base.shape, base.stride)
+            views[f"layers.{i}.weight"] = th.View("0", base.offset, shape, stride)
+            continue
+        offset = int(rng.integers(0, size - span + 1))
+        views[f"layers.{i}.weight"] = th.View("0", offset, shape, stride, neg=bool(rng.random() < 0.15))
+    return views
+
+
+def _elements(view: th.View) -> list[int]:
+    index = np.indices(view.shape).reshape(len(view.shape), -1)
+    return (view.offset + np.tensordot(np.array(view.stride), index, axes=1)).tolist()
+
+
+def test_each_stored_element_is_counted_once_for_any_views(tmp_path):
+    from tclip.work.statistics import file_statistics
+
+    rng = np.random.default_rng(28)
+    size = 160
+    values = rng.standard_normal(size).astype(np.float32)
+    for trial in range(150):
+        views = _random_views(rng, size)
+        path = th.save(tmp_path / f"v{trial}.pt", {"0": values}, views)
+        names = list(views)
+        sets = {n: _elements(v) for n, v in views.items()}
+        with open_reader(path) as reader:
+            shared = reader.shared_elements(names)
+        for name, first in shared.tied.items():
+            assert set(sets[name]) == set(sets[first]), (trial, name)
+        for name, whole in shared.part_of.items():
+            assert set(sets[name]) <= set(sets[whole]), (trial, name)
+        assert set(shared.repeating) == {n for n, s in sets.items() if len(set(s)) < len(s)}, trial
+        union = sorted(set().union(*map(set, sets.values())))
+        counted = [n for n in names if shared.counted_elsewhere(n) is None]
+        assert sum(shared.owned.get(n, len(sets[n])) for n in counted) == len(union), trial
+        assert as_json("info", path)["params"] == len(union), trial
+        stats = file_statistics(path)
+        want = math.fsum(float(values[i]) ** 2 for i in union)
+        got = math.fsum(stats.counted_sum_of_squares(n) for n in stats.selected)
+        assert got == pytest.approx(want, rel=1e-12), trial
+
+
+@pytest.mark.parametrize("args", [["global", "--clip", "1"], ["norm", "--clip", "0.5"],
+                                  ["norm", "--clip", "0.5", "--axes", "-1"], ["value", "--min", "-0.5", "--max", "0.5"],
+                                  ["value", "--min", "-0.2", "--max", "1"]])
+def test_any_views_are_written_as_reported_or_refused(tmp_path, args):
+    rng = np.random.default_rng(5)
+    values = rng.standard_normal(160).astype(np.float32)
+    written = 0
+    for trial in range(30):
+        views = _random_views(rng, 160)
+        path = th.save(tmp_path / f"v{trial}.pt", {"0": values}, views)
+        out = tmp_path / f"out{trial}.pt"
+        result = run(*args, "--json", "-o", out, path)
+        if result.exit_code == 1:
+            assert len(result.stderr.splitlines()) == 1 and "nothing was written" in result.stderr, result.stderr
+            assert not out.exists()
+            continue
+        assert result.exit_code == 0, result.stderr
+        written += 1
+        report = json.loads(result.stdout)
+        with open_reader(path) as before, open_reader(out) as after:
+            for name in views:
+                x = before.read(name)
+                if args[0] == "global":
+                    want = tclip.clip_by_global_norm([x], 1.0, use_norm=report["global_norm"])[0][0]
+                elif args[0] == "norm":
+                    want = tclip.clip_by_norm(x, 0.5, axes=-1 if "--axes" in args else None)
+                else:
+                    want = tclip.clip_by_value(x, float(args[2]), float(args[4]))
+                np.testing.assert_array_equal(after.read(name), want, err_msg=f"{trial} {name}")
+    assert written >= 5  # most files can be clipped
