@@ -369,3 +369,23 @@ def test_any_views_are_written_as_reported_or_refused(tmp_path, args):
                     want = tclip.clip_by_value(x, float(args[2]), float(args[4]))
                 np.testing.assert_array_equal(after.read(name), want, err_msg=f"{trial} {name}")
     assert written >= 5  # most files can be clipped
+
+
+def test_a_sharded_checkpoint_counts_each_stored_element_once(tmp_path):
+    values = np.arange(1, 17, dtype=np.float32)
+    other = np.full(5, 2.0, np.float32)
+    first = th.save(tmp_path / "pytorch_model-00001-of-00002.bin", {"0": values},
+                    {"model.layers.0.row": th.View("0", 4, (4,), (1,)),
+                     "model.layers.0.col": th.View("0", 2, (4,), (4,))})
+    second = th.save_arrays(tmp_path / "pytorch_model-00002-of-00002.bin", {"model.norm.weight": other})
+    index = tmp_path / "pytorch_model.bin.index.json"
+    index.write_text(json.dumps({"metadata": {"total_size": 0}, "weight_map": {
+        "model.layers.0.row": first.name, "model.layers.0.col": first.name, "model.norm.weight": second.name}}))
+    union = np.concatenate([values[4:8], values[[2, 10, 14]], other]).astype(np.float64)
+    report = as_json("report", index)
+    assert report["global_norm"] == pytest.approx(float(np.linalg.norm(union)), rel=1e-15)
+    clipped = as_json("global", "--clip", "1", "--out-dir", tmp_path / "out", index)
+    assert clipped["global_norm"] == pytest.approx(report["global_norm"], rel=1e-15)
+    assert clipped["global_norm_after"] == pytest.approx(1.0, rel=1e-6)
+    after = as_json("report", tmp_path / "out" / index.name)
+    assert after["global_norm"] == pytest.approx(clipped["global_norm_after"], rel=1e-15)
