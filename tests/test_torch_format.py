@@ -83,6 +83,19 @@ def clipped(filename: str) -> list[str]:
     return [n for n in floating(filename) if not n.startswith("optimizer.state.")]
 
 
+def stored_once(filename: str, names: list[str]) -> np.ndarray:
+    """The values of ``names``, each stored element once (views of one storage share elements),
+    in float64: what a global norm over them counts (DESIGN: "each stored element once")."""
+    seen: dict[tuple[str, int], float] = {}
+    for name in names:
+        t = EXPECTED[filename]["tensors"][name]
+        values = VALUES[f"{filename}|{name}"].astype(np.float64)
+        where = t["offset"] + sum(np.indices(t["shape"], dtype=np.int64)[i] * s for i, s in enumerate(t["stride"]))
+        for index, value in zip(np.reshape(where, -1).tolist(), values.reshape(-1).tolist()):
+            seen[(t["storage"], index)] = value
+    return np.array(list(seen.values()), np.float64)
+
+
 def zip_ok(path: Path) -> bool:
     with zipfile.ZipFile(path) as archive:
         return archive.testzip() is None
@@ -313,13 +326,13 @@ def test_info_reads_the_pickle_and_directory_only(tmp_path):
 def test_report_norms_are_exact(filename):
     report = json.loads(ok("report", "--json", FIXTURES / filename).stdout)
     norms = {t["name"]: t["norm"] for t in report["tensors"]}
-    squares = []
     for name in floating(filename):
         values = VALUES[f"{filename}|{name}"].astype(np.float64)
-        if name in clipped(filename):  # an optimizer's state is shown, not counted in the global norm
-            squares.append(np.sum(values * values))
         assert norms[name] == float(np.sqrt(np.sum(values * values))), name
-    assert report["global_norm"] == pytest.approx(float(np.sqrt(sum(squares))), rel=1e-15)
+    # an optimizer's state is shown, not counted in the global norm; views of one storage count
+    # each stored element once
+    counted = stored_once(filename, clipped(filename))
+    assert report["global_norm"] == pytest.approx(float(np.sqrt(np.sum(counted * counted))), rel=1e-15)
 
 
 def test_report_axes_stats_and_the_gate(tmp_path):
@@ -453,9 +466,13 @@ def test_views_that_would_take_different_factors_are_refused(tmp_path, args):
 
 def test_global_scales_every_view_of_a_storage_once(tmp_path):
     source = copy(tmp_path, "views.pt")
-    ok("global", "--clip", "1", source)
+    report = json.loads(ok("global", "--clip", "1", "--json", source).stdout)
     names = list(EXPECTED["views.pt"]["tensors"])
-    clipped, _ = tclip.clip_by_global_norm([original("views.pt", n) for n in names], 1.0)
+    counted = stored_once("views.pt", names)  # each stored element once
+    assert counted.size == 143  # of the views' 231 values
+    assert report["global_norm"] == pytest.approx(float(np.sqrt(np.sum(counted * counted))), rel=1e-15)
+    clipped, _ = tclip.clip_by_global_norm([original("views.pt", n) for n in names], 1.0,
+                                           use_norm=report["global_norm"])
     got = read_values(tmp_path / "views.clipped.pt")
     for name, want in zip(names, clipped):
         np.testing.assert_array_equal(got[name], want, err_msg=name)
@@ -591,7 +608,10 @@ def test_a_hub_sharded_checkpoint_is_one_set(tmp_path):
     index = HF_SET / "pytorch_model.bin.index.json"
     values = hf_values()
     names = list(json.loads(index.read_text())["weight_map"])
-    clipped, norm = tclip.clip_by_global_norm([values[n] for n in names], 1.0)
+    tied = {name for shard in HF_SET.glob("*.bin") for name in _tied_names(shard)}
+    assert tied  # the fixture ties lm_head.weight to the embedding: counted once
+    norm = tclip.global_norm([values[n] for n in names if n not in tied])
+    clipped, _ = tclip.clip_by_global_norm([values[n] for n in names], 1.0, use_norm=norm)
     result = json.loads(ok("global", "--clip", "1", "--json", "--out-dir", tmp_path / "out", index).stdout)
     assert result["global_norm"] == norm
     out_index = tmp_path / "out" / "pytorch_model.bin.index.json"
@@ -608,6 +628,17 @@ def test_a_hub_sharded_checkpoint_is_one_set(tmp_path):
     assert run("report", "--json", tmp_path / "out").exit_code == 0  # a folder holding the index
 
 
+def _tied_names(shard: Path) -> list[str]:
+    """Tensors of a shard that are identical views of an earlier one (tied weights)."""
+    seen, tied = set(), []
+    for name, ref in load_torch_archive(shard).tensors.items():
+        key = (ref.storage.key, ref.offset, ref.shape, ref.stride)
+        if key in seen:
+            tied.append(name)
+        seen.add(key)
+    return tied
+
+
 def test_a_checkpoint_the_hub_writes_now(tmp_path):
     torch = pytest.importorskip("torch")
     hub = pytest.importorskip("huggingface_hub")
@@ -620,7 +651,8 @@ def test_a_checkpoint_the_hub_writes_now(tmp_path):
     loaded = {}
     for shard in sorted(tmp_path.glob("*.bin")):
         loaded.update(torch.load(shard, weights_only=True))
-    total = torch.sqrt(sum(t.double().square().sum() for t in sd.values()))
+    # lm_head.weight is the embedding's storage: one parameter, counted once
+    total = torch.sqrt(sum(t.double().square().sum() for n, t in sd.items() if n != "lm_head.weight"))
     for name, tensor in sd.items():
         assert torch.equal(loaded[name], (tensor.double() * (2 / total)).float()), name
     assert loaded["lm_head.weight"].untyped_storage().data_ptr() == \
@@ -745,12 +777,18 @@ def test_every_command_runs_with_torch_unimportable(tmp_path):
 def test_torch_loads_every_output_with_the_clipped_values(tmp_path, filename):
     torch = pytest.importorskip("torch")
     source = copy(tmp_path, filename)
-    ok("global", "--clip", "0.5", source)
+    report = json.loads(ok("global", "--clip", "0.5", "--json", source).stdout)
     output = tmp_path / filename.replace(".pt", ".clipped.pt")
     before = torch.load(source, weights_only=True)
     after = torch.load(output, weights_only=True)
     names = clipped(filename)
-    want = dict(zip(names, tclip.clip_by_global_norm([original(filename, n) for n in names], 0.5)[0]))
+    norm = None
+    if EXPECTED[filename]["shared"]:  # views of one storage: each stored element once
+        counted = stored_once(filename, names)
+        norm = report["global_norm"]
+        assert norm == pytest.approx(float(np.sqrt(np.sum(counted * counted))), rel=1e-15)
+    want = dict(zip(names, tclip.clip_by_global_norm([original(filename, n) for n in names], 0.5,
+                                                     use_norm=norm)[0]))
     flat_before, flat_after = _flatten(before, Path(filename).stem), _flatten(after, Path(filename).stem)
     assert list(flat_before) == list(flat_after)
     pointers: dict[int, int] = {}

@@ -19,7 +19,7 @@ Nothing here clips: the formats know nothing of norms, the passes over files
 
 from __future__ import annotations
 
-from .base import OtherObject, TensorInfo, TensorReader, TensorWriter
+from .base import OtherObject, SharedElements, TensorInfo, TensorReader, TensorWriter
 from .registry import (
     create_writer,
     detect_format,
@@ -31,6 +31,7 @@ from .registry import (
 
 __all__ = [
     "OtherObject",
+    "SharedElements",
     "TensorInfo",
     "TensorReader",
     "TensorWriter",

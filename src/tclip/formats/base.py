@@ -237,6 +237,49 @@ def checked_size(shape: tuple[int, ...], itemsize: int, path: object, name: str)
     return math.prod(shape) * itemsize
 
 
+@dataclass
+class SharedElements:
+    """How some tensors of a file hold stored elements in common (a PyTorch file's views of one
+    storage), so that a norm or a count over them takes each stored element once.
+
+    Attributes:
+        tied: tensor -> an earlier one holding exactly its stored elements (tied weights, a
+            transpose, a negated view); the two have the same sums.
+        part_of: tensor -> one holding all its stored elements and more (a row of a weight).
+        groups: tensors whose stored elements overlap otherwise, or repeat within one tensor
+            (a stride 0, an unfold): each stored element is counted for the first of them
+            that holds it (:meth:`TensorReader.read_owned`).
+        owned: for the tensors of ``groups``, how many stored elements each counts.
+        repeating: tensors holding some stored element at more than one index, each with its
+            ``(shape, strides)`` in elements (where the same element sits at two indices).
+        negated: tensors whose values are their stored elements negated (torch's neg bit).
+    """
+
+    tied: dict[str, str] = field(default_factory=dict)
+    part_of: dict[str, str] = field(default_factory=dict)
+    groups: list[tuple[str, ...]] = field(default_factory=list)
+    owned: dict[str, int] = field(default_factory=dict)
+    repeating: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)
+    negated: set[str] = field(default_factory=set)
+
+    @classmethod
+    def merged(cls, parts: list["SharedElements"]) -> "SharedElements":
+        """Those of several files (a set's shards, whose tensor names differ) as one."""
+        out = cls()
+        for part in parts:
+            out.tied.update(part.tied)
+            out.part_of.update(part.part_of)
+            out.groups += part.groups
+            out.owned.update(part.owned)
+            out.repeating.update(part.repeating)
+            out.negated |= part.negated
+        return out
+
+    def counted_elsewhere(self, name: str) -> str | None:
+        """The tensor whose count holds all of ``name``'s stored elements, if another one does."""
+        return self.tied.get(name) or self.part_of.get(name)
+
+
 class TensorReader(ABC):
     """A tensor file opened for reading. Use as a context manager."""
 
@@ -292,6 +335,17 @@ class TensorReader(ABC):
         (tied weights and views of one buffer in a PyTorch file): rewriting the file in its
         own format writes such bytes once. None where every tensor has bytes of its own."""
         return []
+
+    def shared_elements(self, names: list[str]) -> SharedElements:
+        """How the tensors ``names`` (in file order) share stored elements; nothing where
+        every tensor has elements of its own (every format but PyTorch's)."""
+        return SharedElements()
+
+    def read_owned(self, names: tuple[str, ...]) -> Iterator[tuple[str, np.ndarray]]:
+        """For a group of :attr:`SharedElements.groups`: pieces ``(tensor, values)`` of the stored
+        elements each tensor is the first to hold, each stored element once, as stored (a
+        negated view's elements with the storage's sign)."""
+        return iter(())
 
     def lost_in_conversion(self) -> list[str]:
         """What this file holds that only its own format can carry (for people): what a

@@ -46,7 +46,7 @@ from ..errors import FormatError, UnsupportedError
 from ._blocks import contiguous_span, normalize_index
 from ._io import as_bytes, copy_except, pread_into, pwrite_all
 from .atomic import AtomicOutput
-from .base import OtherObject, TensorInfo, TensorReader, TensorWriter, read_region
+from .base import OtherObject, SharedElements, TensorInfo, TensorReader, TensorWriter, read_region
 
 if TYPE_CHECKING:  # imported where used: the pickle machine and zipfile cost 10 ms of every command's start-up
     from ._torch_archive import NonTensor, StorageInfo, TorchArchive
@@ -283,6 +283,142 @@ class TorchReader(TensorReader):
             active.append((stop, order, name))
         return found
 
+    def shared_elements(self, names: list[str]) -> SharedElements:
+        """How the tensors ``names`` (in file order) share stored elements (see :class:`SharedElements`).
+
+        Views with the same set of storage elements (identical views, a transpose, a negated
+        view) are tied to the first of them; views within a dense range of another (a row,
+        a column, a block of a weight) are part of it; the views left that still meet, and
+        views repeating their own elements, form groups read through a map of their storage
+        span (:meth:`read_owned`). Views of one storage in two dtypes (float8 on an untyped
+        storage) cannot be compared element by element: each is counted whole.
+
+        Raises:
+            UnsupportedError: a group's span is too long for the map.
+        """
+        result = SharedElements()
+        by_storage: dict[str, list[str]] = {}
+        for name in names:
+            ref = self.views[name].ref
+            if ref.size == 0:
+                continue
+            if ref.neg:
+                result.negated.add(name)
+            by_storage.setdefault(ref.storage.key, []).append(name)
+        for members in by_storage.values():
+            self._relate(members, result)
+        return result
+
+    def _relate(self, members: list[str], result: SharedElements) -> None:
+        forms = {n: _element_set(self.views[n].ref) for n in members}
+        repeating = {n for n in members if self._repeats(n, forms[n])}
+        result.repeating.update({n: (self.views[n].ref.shape, self.views[n].ref.stride) for n in repeating})
+        if len({self.views[n].ref.dtype.itemsize for n in members}) > 1:
+            return
+        first_of: dict[tuple[Any, ...], str] = {}
+        distinct = []
+        for name in members:
+            key = forms[name][:2]
+            if key in first_of:
+                result.tied[name] = first_of[key]
+            else:
+                first_of[key] = name
+                distinct.append(name)
+        spans = {n: self.views[n].ref.span() for n in distinct}
+        position = {n: i for i, n in enumerate(distinct)}
+        ranges = sorted((n for n in distinct if _is_range(forms[n])),
+                        key=lambda n: (spans[n][0] - spans[n][1], position[n]))
+        for whole in ranges:
+            if whole in result.part_of:
+                continue
+            lo, hi = spans[whole]
+            for name in distinct:
+                if name != whole and name not in result.part_of and lo <= spans[name][0] and spans[name][1] <= hi:
+                    result.part_of[name] = whole
+        rest = [n for n in distinct if n not in result.part_of]
+        for group in self._meeting_groups(rest):
+            if len(group) > 1 or group[0] in repeating:
+                owner = self._owner_map(group)
+                counts = np.bincount(owner[owner >= 0], minlength=len(group))
+                result.owned.update({n: int(c) for n, c in zip(group, counts)})
+                result.groups.append(tuple(group))
+
+    def _repeats(self, name: str, form: tuple[int, tuple[tuple[int, int], ...], bool]) -> bool:
+        """Whether a view holds some storage element at two indices (exactly, through a map of its span)."""
+        ref = self.views[name].ref
+        if form[2]:
+            return False
+        first, stop = ref.span()
+        if ref.size > stop - first:
+            return True
+        if stop - first > _MAX_ELEMENT_MAP:
+            raise UnsupportedError(f"tensor {name!r} is a view whose elements may repeat over a span of "
+                                   f"{stop - first:,} storage elements, more than tclip maps "
+                                   f"({_MAX_ELEMENT_MAP:,}); tclip refuses such a file", self.path)
+        seen = np.zeros(stop - first, bool)
+        np.lib.stride_tricks.as_strided(seen, ref.shape, ref.stride, writeable=True)[...] = True
+        return int(np.count_nonzero(seen)) < ref.size
+
+    def _meeting_groups(self, names: list[str]) -> list[list[str]]:
+        """``names`` in groups of views that meet, directly or through others (file order kept);
+        past :data:`_MAX_OVERLAP_CHECKS` checks, the views left join one group (the map is exact)."""
+        parent = {n: n for n in names}
+
+        def root(n: str) -> str:
+            while parent[n] != n:
+                parent[n] = parent[parent[n]]
+                n = parent[n]
+            return n
+
+        order = {n: i for i, n in enumerate(names)}
+        spans = sorted((self.views[n].ref.span(), order[n], n) for n in names)
+        active: list[tuple[int, str]] = []
+        checks = _MAX_OVERLAP_CHECKS
+        for (start, stop), _, name in spans:
+            active = [a for a in active if a[0] > start]
+            for _, other in active:
+                checks -= 1
+                if checks < 0 or _elements_meet(self.views[other], self.views[name]):
+                    parent[root(name)] = root(other)
+            active.append((stop, name))
+        groups: dict[str, list[str]] = {}
+        for name in names:
+            groups.setdefault(root(name), []).append(name)
+        return list(groups.values())
+
+    def _owner_map(self, names: tuple[str, ...] | list[str]) -> np.ndarray:
+        """For each storage element of the group's span, the index of the first view holding it (-1: none)."""
+        refs = [self.views[n].ref for n in names]
+        lo = min(r.span()[0] for r in refs)
+        hi = max(r.span()[1] for r in refs)
+        if hi - lo > _MAX_ELEMENT_MAP or len(refs) > 32767:
+            raise UnsupportedError(f"tensors {names[0]!r} and {names[1 % len(names)]!r} view a storage in ways "
+                                   f"that overlap partly over {hi - lo:,} elements; counting each stored element "
+                                   f"once maps them, and tclip maps at most {_MAX_ELEMENT_MAP:,}", self.path)
+        owner = np.full(hi - lo, -1, np.int16)
+        for i in reversed(range(len(refs))):  # the first view holding an element writes last
+            ref = refs[i]
+            np.lib.stride_tricks.as_strided(owner[ref.offset - lo:], ref.shape, [s * 2 for s in ref.stride],
+                                            writeable=True)[...] = i
+        return owner
+
+    def read_owned(self, names: tuple[str, ...]) -> Iterator[tuple[str, np.ndarray]]:
+        owner = self._owner_map(names)
+        ref = self.views[names[0]].ref
+        storage = self.views[names[0]].storage
+        lo = min(self.views[n].ref.span()[0] for n in names)
+        itemsize = ref.dtype.itemsize
+        step = max(1, _CHUNK // itemsize)
+        for start in range(0, owner.size, step):
+            part = owner[start:start + step]
+            raw = np.empty(part.size * itemsize, np.uint8)
+            pread_into(self._fd, raw.data, storage.offset + (lo + start) * itemsize, self.path, names[0])
+            values = raw.view(ref.dtype)
+            for i, name in enumerate(names):
+                mine = values[part == i]
+                if mine.size:
+                    yield name, mine
+
     # ----------------------------------------------------------------------- reading
 
     def region(self, name: str) -> tuple[int, int] | None:
@@ -364,6 +500,36 @@ def _elements_meet(a: View, b: View) -> bool:
 
 
 _TOO_HARD = getattr(getattr(np, "exceptions", np), "TooHardError")
+_MAX_ELEMENT_MAP = 1 << 26  # storage elements mapped at most (64 MiB) to count views that overlap partly
+
+
+def _element_set(ref: TensorRef) -> tuple[int, tuple[tuple[int, int], ...], bool]:
+    """A view's set of storage elements as ``(offset, dims, nested)``: the elements
+    ``offset + sum(i_k * stride_k)`` over ``dims`` of ``(stride, size)``, sizes above one and
+    strides above zero, by stride, runs merged (``(1, 4), (4, 3)`` is ``(1, 12)``). Two views
+    with one offset and dims hold the same elements. ``nested``: each stride passes every
+    element of the dims inside it, so no element repeats (a stride 0 repeats)."""
+    dims = sorted((s, n) for n, s in zip(ref.shape, ref.stride) if n > 1)
+    nested = not any(s == 0 for s, _ in dims)
+    merged: list[tuple[int, int]] = []
+    for stride, size in dims:
+        if stride == 0:
+            continue
+        if merged and merged[-1][0] * merged[-1][1] == stride:
+            merged[-1] = (merged[-1][0], merged[-1][1] * size)
+        else:
+            merged.append((stride, size))
+    extent = 1
+    for stride, size in merged:
+        nested = nested and stride >= extent
+        extent += (size - 1) * stride
+    return ref.offset, tuple(merged), nested
+
+
+def _is_range(form: tuple[int, tuple[tuple[int, int], ...], bool]) -> bool:
+    """Whether an element set is every element of its span."""
+    dims = form[1]
+    return form[2] and (not dims or (len(dims) == 1 and dims[0][0] == 1))
 
 
 class _Described:

@@ -27,7 +27,7 @@ from .reporting import finish_report, mode_params, report_from_stats, start_repo
 from .results import FileReport, InfoReport, InfoTensor, Note, NoteKind, OtherReport
 from .rewrite import rewrite_file
 from .selection import Selection, select
-from .statistics import file_statistics
+from .statistics import file_statistics, owned_sums
 from .tied import check_tied
 
 
@@ -102,6 +102,12 @@ def clip_file(path: Path | str, mode: Mode, options: ClipOptions | None = None,
                                overwrite=options.overwrite or options.in_place, budget=budget, progress=progress,
                                held=held, drop_nonnumeric=options.drop_nonnumeric,
                                measure_after=options.measure_after)
+        if stats.shared.groups and target is not None and options.measure_after \
+                and output_format(target, reader) in (None, reader.format_name):
+            # views overlapping partly: their part of the global norm after, from the output
+            with open_logical(target) as written:
+                rewrite.owned, extra = owned_sums(written, stats.shared)
+            rewrite.bytes_read += extra
         finish_report(report, stats, plan, rewrite)
     report.elapsed_s = time.perf_counter() - started
     return report
@@ -149,6 +155,10 @@ def file_info(path: Path | str, layout: QuantLayout | None = None) -> InfoReport
         tensors = [InfoTensor(t.name, list(t.shape), t.dtype, t.nbytes, dict(t.attrs), t.refused, t.dtype_label,
                               None if t.encoding is None else t.encoding.summary, t.role)
                    for t in reader.tensors.values()]
+        shared = reader.shared_elements(list(reader.tensors))  # parameters: each stored element once
+        for t in tensors:
+            t.tied_to, t.part_of, t.stored = shared.tied.get(t.name), shared.part_of.get(t.name), \
+                shared.owned.get(t.name)
         others = [OtherReport.of(o) for o in reader.others]
         info = InfoReport(str(path), reader.format_name, path.stat().st_size, tensors, dict(reader.metadata), others,
                           [list(names) for names in reader.shared_storage()])

@@ -6,6 +6,7 @@ tensor's sum of squares); the other modes work per tensor. The arithmetic is
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,7 +15,6 @@ from ..core.modes import (
     GlobalNormClip,
     Mode,
     ValueClip,
-    global_norm_of,
     plan_scales,
     value_bounds,
 )
@@ -50,8 +50,10 @@ def make_plan(mode: Mode, files: list[FileStats]) -> Plan:
     scales: dict[str, dict[str, np.ndarray]] = {}
     global_norm = None
     if isinstance(mode, GlobalNormClip):
-        every = [f.stats[n] for f in files for n in f.selected]
-        global_norm = global_norm_of(every) if mode.use_norm is None else float(mode.use_norm)
+        # each stored element once: tensors sharing a storage (tied weights) are one parameter
+        every = [f.counted_sum_of_squares(n) for f in files for n in f.selected]
+        global_norm = (math.sqrt(math.fsum(every)) if every else 0.0) if mode.use_norm is None \
+            else float(mode.use_norm)
     for stats in files:
         chosen = {n: stats.stats[n] for n in stats.selected}
         file_work: dict[str, TensorWork] = {}

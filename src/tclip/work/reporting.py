@@ -54,6 +54,9 @@ def start_report(stats: FileStats, mode_name: str, params: dict[str, object]) ->
         s = stats.stats.get(entry.name)
         if s is not None:
             fill_before(tensor, s)
+        tensor.tied_to, tensor.part_of = stats.shared.tied.get(entry.name), stats.shared.part_of.get(entry.name)
+        if entry.name in stats.owned:
+            tensor.counted_norm = math.sqrt(stats.owned[entry.name][0])
         report.tensors.append(tensor)
     unmeasured = set(stats.unmeasured_others)
     report.others = [OtherReport.of(o, o.name in unmeasured) for o in stats.others]
@@ -111,6 +114,11 @@ def finish_report(report: FileReport, stats: FileStats, plan: Plan, rewrite: Rew
             entry.flushed_to_zero = rewrite.flushed[name]
         if before.axes is not None:
             slice_summary(entry, before, scales.get(name))
+        if entry.counted_norm is not None and not entry.clipped:
+            entry.counted_norm_after = entry.counted_norm  # unchanged
+    if rewrite is not None and rewrite.owned is not None:
+        for name, (squares, _) in rewrite.owned.items():
+            entries[name].counted_norm_after = math.sqrt(squares)
     report.global_norm, after = global_norms([entries[n] for n in chosen])
     if after is not None:
         report.global_norm_after = after
@@ -139,10 +147,11 @@ def flush_note(tensors: list[TensorReport]) -> Note | None:
 def global_norms(picked: list[TensorReport]) -> tuple[float, float | None]:
     """The global norm of the tensors worked on, before and after (None: not measured), from
     their norms (their sums of squares were added exactly, the norms are summed with fsum)."""
-    before = math.sqrt(math.fsum((t.norm or 0.0) ** 2 for t in picked)) if picked else 0.0
-    if not all(t.norm_after is not None for t in picked):
+    before = math.sqrt(math.fsum((t.counted() or 0.0) ** 2 for t in picked)) if picked else 0.0
+    after = [t.counted(after=True) for t in picked]
+    if not all(a is not None for a in after):
         return before, None
-    return before, math.sqrt(math.fsum(t.norm_after ** 2 for t in picked)) if picked else 0.0  # type: ignore[operator]
+    return before, math.sqrt(math.fsum(a ** 2 for a in after)) if picked else 0.0  # type: ignore[operator]
 
 
 def report_from_stats(stats: FileStats, ord: str, params: dict[str, object],
@@ -167,9 +176,13 @@ def report_from_stats(stats: FileStats, ord: str, params: dict[str, object],
             entry.min = entry.max = None  # complex numbers have no order
         if s.axes is not None:
             slice_summary(entry, s, None, params.get("max_norm"))  # type: ignore[arg-type]
-    # The global norm is over floating tensors (a complex one is measured, not counted).
+        if entry.name in stats.owned:
+            squares, absolute = stats.owned[entry.name]
+            entry.counted_norm = {"2": math.sqrt(squares), "1": absolute, "inf": None}[ord]
+    # The global norm is over floating tensors (a complex one is measured, not counted),
+    # each stored element once (the largest |x| needs no care).
     counted = [t for t in report.tensors if t.name in stats.stats and (t.skipped is None or is_rank_skip(t.skipped))]
-    norms = [t.norm or 0.0 for t in counted]
+    norms = [(t.norm if ord == "inf" else t.counted()) or 0.0 for t in counted]
     if ord == "2":
         report.global_norm = math.sqrt(math.fsum(n * n for n in norms))
     elif ord == "1":

@@ -111,6 +111,13 @@ class TensorReport:
     flushed_to_zero: int | None = None
     quantization: dict[str, Any] | None = None  # a quantized weight: scheme, parts, what its scales held
     nonfinite_where: str | None = None  # a quantized weight: where its NaN/Inf are (codes or scales, which block)
+    # Views of one storage (a PyTorch file): the global norm counts each stored element once.
+    tied_to: str | None = None  # an earlier tensor holding exactly its stored elements (tied weights, a transpose)
+    part_of: str | None = None  # a tensor holding all its stored elements and more (a row of a weight)
+    # where it overlaps other views otherwise: the norm (of the report's order) of the stored
+    # elements it holds first, its part of the global norm; after the rewrite too (None: not measured)
+    counted_norm: float | None = None
+    counted_norm_after: float | None = None
 
     @property
     def dtype_text(self) -> str:
@@ -119,6 +126,14 @@ class TensorReport:
     @property
     def nonfinite(self) -> int:
         return self.nan + self.inf
+
+    def counted(self, after: bool = False) -> float | None:
+        """Its part of the global norm (before, or after the rewrite): each stored element once."""
+        if self.tied_to is not None or self.part_of is not None:
+            return 0.0
+        if self.counted_norm is not None:
+            return self.counted_norm_after if after else self.counted_norm
+        return self.norm_after if after else self.norm
 
     @property
     def selected(self) -> bool:
@@ -145,7 +160,7 @@ class TensorReport:
             item["log2_histogram"] = {"lowest": histogram[0], "counts": histogram[1]}
         del item["nonfinite_where"]
         for key in ("min", "max", "mean", "std", "zeros", "min_slice_norm", "near_zero_slices", "slices_above",
-                    "worst_slices", "quantization"):
+                    "worst_slices", "quantization", "tied_to", "part_of", "counted_norm", "counted_norm_after"):
             if item[key] is None:
                 del item[key]
         if self.zeros is not None and self.numel:
@@ -349,10 +364,20 @@ class InfoTensor:
     encoding: Any = None
     role: str | None = None
     file: str | None = None  # a set's tensor: the shard holding it (as its index names it)
+    tied_to: str | None = None  # as in TensorReport: an earlier tensor holding exactly its stored elements
+    part_of: str | None = None  # a tensor holding all its stored elements and more
+    stored: int | None = None  # where it overlaps other views otherwise: the stored elements it holds first
 
     @property
     def dtype_text(self) -> str:
         return dtype_text(self.dtype, self.dtype_label)  # type: ignore[return-value]
+
+    @property
+    def counted_params(self) -> int:
+        """Its part of the file's parameter count: each stored element once."""
+        if self.tied_to is not None or self.part_of is not None:
+            return 0
+        return self.stored if self.stored is not None else math.prod(self.shape)
 
 
 @dataclass
@@ -384,7 +409,7 @@ class InfoReport:
     def params_by_dtype(self) -> dict[str, int]:
         counts: dict[str, int] = {}
         for t, text in zip(self.tensors, self.dtype_texts()):
-            counts[text] = counts.get(text, 0) + math.prod(t.shape)
+            counts[text] = counts.get(text, 0) + t.counted_params
         return counts
 
     def to_json(self, name: Naming = library_name) -> dict[str, Any]:
@@ -405,6 +430,12 @@ class InfoReport:
                 item["role"] = t.role
             if t.file is not None:
                 item["file"] = t.file
+            if t.tied_to is not None:
+                item["tied_to"] = t.tied_to
+            if t.part_of is not None:
+                item["part_of"] = t.part_of
+            if t.stored is not None:
+                item["stored_params"] = t.stored
             tensors.append(item)
         data: dict[str, Any] = {
             "schema": SCHEMA_VERSION,
@@ -412,7 +443,7 @@ class InfoReport:
             "format": self.format,
             "size_bytes": self.size_bytes,
             "tensors": tensors,
-            "params": sum(math.prod(t.shape) for t in self.tensors),
+            "params": sum(t.counted_params for t in self.tensors),
             "params_by_dtype": self.params_by_dtype(),
             "metadata": json_safe(self.metadata),
         }

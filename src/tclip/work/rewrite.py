@@ -50,6 +50,9 @@ class RewriteResult:
     # The output file this pass wrote (tclip.formats.atomic.file_identity): a failed run removes
     # only what it wrote itself, never a file another run put at that name meanwhile.
     written: tuple[int, int, int] | None = None
+    # Views overlapping in the output (see FileStats.owned): (sum of squares, sum of |x|) of the
+    # stored elements each holds first, read back from the output (None: not measured).
+    owned: dict[str, tuple[float, float]] | None = None
 
 
 def rewrite_file(source: Path | str | TensorReader, work: dict[str, TensorWork], target: Path | None, *,

@@ -28,9 +28,10 @@ import numpy as np
 
 from ..core.modes import GlobalNormClip, NormClip, ValueClip, value_bounds
 from ..errors import OutputExistsError, TclipError, UnsupportedError
+from ..formats import SharedElements
 from ..formats.atomic import identity_of, marker_names, remove_if_same
 from ..formats.locks import Locks, RunLock
-from ..formats.quant_encoding import layout_of_files
+from ..formats.quant_encoding import layout_of_files, open_logical
 from ..formats.quant_layout import QuantLayout
 from ..formats.registry import open_reader
 from ..formats.sharded import (
@@ -72,7 +73,7 @@ from .reporting import (
 from .results import FileReport, InfoReport, Note, NoteKind
 from .rewrite import RewriteResult, check_same, rewrite_file
 from .selection import Selection
-from .statistics import FileStats, file_statistics
+from .statistics import FileStats, file_statistics, owned_sums
 from .tied import check_tied
 
 
@@ -584,6 +585,7 @@ def _finish_set_report(report: FileReport, stats: list[FileStats], plan: Plan, r
     for s in stats:
         part = FileReport(file=s.path, mode=report.mode)
         part.tensors = [by_name[t.name] for t in s.tensors if t.name in by_name]
+        _measure_owned(s, rewrites.get(s.path), targets[Path(s.path)])
         finish_report(part, s, plan, rewrites.get(s.path))
         report.bytes_read += rewrites[s.path].bytes_read if s.path in rewrites else 0
         report.bytes_written += rewrites[s.path].bytes_written if s.path in rewrites else 0
@@ -598,6 +600,16 @@ def _finish_set_report(report: FileReport, stats: list[FileStats], plan: Plan, r
     report.members = [{"file": s.path, "output": None if targets[Path(s.path)] is None else str(targets[Path(s.path)]),
                        "bytes_written": rewrites[s.path].bytes_written if s.path in rewrites else 0}
                       for s in stats]
+
+
+def _measure_owned(stats: FileStats, rewrite: RewriteResult | None, target: Path | None) -> None:
+    """Views of a shard overlapping partly: their part of the global norm after, read from the output."""
+    if rewrite is None or not stats.shared.groups or target is None or not rewrite.measured:
+        return
+    with open_logical(target) as written:
+        if written.format_name == stats.format:
+            rewrite.owned, extra = owned_sums(written, stats.shared)
+            rewrite.bytes_read += extra
 
 
 def report_set(tensor_set: TensorSet, selection: Selection, order: str, axes: Any, moments: bool, budget: Budget,
@@ -625,7 +637,9 @@ def report_set(tensor_set: TensorSet, selection: Selection, order: str, axes: An
                        [o for s in stats for o in s.others], tensor_set.metadata,
                        sum(s.bytes_read for s in stats),
                        findings={k: v for s in stats for k, v in s.findings.items()},
-                       unmeasured_others=[n for s in stats for n in s.unmeasured_others])
+                       unmeasured_others=[n for s in stats for n in s.unmeasured_others],
+                       shared=SharedElements.merged([s.shared for s in stats]),
+                       owned={k: v for s in stats for k, v in s.owned.items()})
     params: dict[str, Any] = {"ord": order}
     if axes is not None:
         params["axes"] = list(axes)

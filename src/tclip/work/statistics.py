@@ -15,17 +15,18 @@ from typing import Any
 
 import numpy as np
 
+from ..core.exact import ExactSum
 from ..core.kernels import Scratch
 from ..core.quant import Findings
 from ..core.stats import TensorStats
 from ..errors import TclipError
-from ..formats import TensorInfo, TensorReader
+from ..formats import SharedElements, TensorInfo, TensorReader
 from ..formats.quant_encoding import logical_view, open_logical
 from ..formats.quant_layout import QuantLayout
 from ..messages import Option
 from .budget import Budget
 from .passes import Block, HeldTensors, Progress, run_pass, tensor_walk
-from .selection import Selection, SkipKind, TensorEntry, select
+from .selection import Selection, SkipKind, TensorEntry, is_rank_skip, select
 
 
 @dataclass
@@ -58,10 +59,53 @@ class FileStats:
     global_scales: dict[str, float] = field(default_factory=dict)
     # What is not a tensor, of a type tclip cannot read, that the selection takes: skipped, never measured.
     unmeasured_others: list[str] = field(default_factory=list)
+    # how the tensors counted in a global norm share stored elements, and for those of its
+    # groups, (sum of squares, sum of |x|) of the stored elements each is the first to hold
+    shared: SharedElements = field(default_factory=SharedElements)
+    owned: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     @property
     def selected(self) -> list[str]:
         return [t.name for t in self.tensors if t.skipped is None]
+
+    def counted_sum_of_squares(self, name: str) -> float:
+        """The tensor's part of a global norm's sum of squares: each stored element once (a tensor
+        tied to another, or part of it, adds nothing; one of a group adds the elements it holds first)."""
+        if self.shared.counted_elsewhere(name) is not None:
+            return 0.0
+        if name in self.owned:
+            return self.owned[name][0]
+        return self.stats[name].total_sum_of_squares
+
+
+def owned_sums(reader: TensorReader, shared: SharedElements) -> tuple[dict[str, tuple[float, float]], int]:
+    """(sum of squares, sum of non-NaN ``|x|``) of the stored elements each tensor of ``shared``'s
+    groups is the first to hold, read from ``reader``; and the bytes read."""
+    squares: dict[str, ExactSum] = {}
+    absolute: dict[str, ExactSum] = {}
+    read = 0
+    for group in shared.groups:
+        for name in group:
+            squares[name], absolute[name] = ExactSum(), ExactSum()
+        for name, values in reader.read_owned(group):
+            wide = values.astype(np.float64)
+            read += values.nbytes
+            squares[name].add(float(np.dot(wide, wide)))
+            absolute[name].add(float(np.nansum(np.abs(wide))))
+    return {n: (squares[n].value, absolute[n].value) for n in squares}, read
+
+
+def _same_sums(stats: dict[str, TensorStats], shared: SharedElements, dtypes: dict[str, Any]) -> None:
+    """A tensor holding exactly another's stored elements (a transpose) takes that one's sums:
+    summed in its own order they could differ in the last bit, and give another factor."""
+    for name, first in shared.tied.items():
+        a, b = stats.get(first), stats.get(name)
+        if a is None or b is None or a.axes is not None or b.axes is not None or dtypes[name] != dtypes[first]:
+            continue
+        b._total = a._total.copy()
+        b.sum_of_squares = np.asarray(b._total.value)
+        b._abs_total = a._abs_total.copy()
+        b.sum_abs = b._abs_total.value
 
 
 def _check_slice_memory(infos: list[tuple[TensorInfo, tuple[int, ...] | None]], budget: Budget,
@@ -142,6 +186,12 @@ def _statistics(reader: TensorReader, selection: Selection, axes: object, track_
                                   walk.axes)
 
     result.bytes_read = run_pass(walks, budget, work, merge, keep=held, progress=progress, total=size)
+    counted = [e.name for e in entries if e.name in to_read and (e.skipped is None or is_rank_skip(e.skipped))]
+    result.shared = reader.shared_elements(counted)
+    if result.shared.groups:
+        result.owned, extra = owned_sums(reader, result.shared)
+        result.bytes_read += extra
+    _same_sums(stats, result.shared, {e.name: e.dtype for e in entries})
     result.elapsed_s = time.perf_counter() - started
     return result
 

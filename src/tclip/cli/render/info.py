@@ -10,7 +10,7 @@ from rich.text import Text
 
 from ...text import natural_key, safe, show_value
 from ...work.results import InfoReport
-from .report import gave_way_line
+from .report import gave_way_line, tie_lines
 from .table import (
     GAP,
     MIN_NAME_WIDTH,
@@ -95,6 +95,7 @@ def render_info(info: InfoReport, console: Console, *, width: int | None = -1, s
     refused = [t for t in info.tensors if t.refused]
     for t in refused:
         lines.append(Text(f"not read: {safe(t.name)}: {safe(t.refused)}", style="dim"))
+    lines += tie_lines(info.tensors, "the parameters")
     for names in info.shared:
         shown = ", ".join(safe(n) for n in names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
         lines.append(Text(f"one storage: {shown}", style="dim"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.text import Text
@@ -247,6 +248,35 @@ def slice_lines(report: FileReport, shown: Sequence[TensorReport] | None = None)
     return lines
 
 
+# Ties named under a table, at most (a line counts the others).
+TIE_NOTES = 5
+
+
+def tie_lines(tensors: Sequence[Any], what: str = "the global norm") -> list[Text]:
+    """Views of one storage (a PyTorch file) that ``what`` counts once: ``tied: A = B`` for the
+    same stored elements, ``part of B: ...`` for elements within another's, and the views that
+    overlap otherwise. ``tensors``: report or info lines (``tied_to``, ``part_of``, and
+    ``counted_norm`` or ``stored`` where they overlap otherwise)."""
+    ties = [t for t in tensors if t.tied_to is not None]
+    lines = [Text(f"tied: {safe(t.name)} = {safe(t.tied_to)} (one storage, counted once in {what})", style="dim")
+             for t in ties[:TIE_NOTES]]
+    if len(ties) > TIE_NOTES:
+        lines.append(Text(f"and {len(ties) - TIE_NOTES:,} more tied tensors (--json: tied_to)", style="dim"))
+    within: dict[str, list[str]] = {}
+    for t in tensors:
+        if t.part_of is not None:
+            within.setdefault(t.part_of, []).append(t.name)
+    for whole, parts in within.items():
+        lines.append(Text(f"part of {safe(whole)}: {name_list([safe(p) for p in parts], 4)} (counted with it in "
+                          f"{what})", style="dim"))
+    overlapping = [t.name for t in tensors if getattr(t, "counted_norm", None) is not None
+                   or getattr(t, "stored", None) is not None]
+    if overlapping:
+        lines.append(Text(f"overlapping views: {name_list([safe(n) for n in overlapping], 4)} (each "
+                          f"stored element counted once in {what})", style="dim"))
+    return lines
+
+
 def _slice_index(index: list[int]) -> str:
     return str(index[0]) if len(index) == 1 else "(" + ", ".join(map(str, index)) + ")"
 
@@ -344,6 +374,7 @@ def render_file(report: FileReport, console: Console, *, width: int | None = -1,
         lines.append(gave_way_line(gave_way, fit))
     lines += skipped_lines(report, symbols)
     lines += slice_lines(report, shown if top is not None else None)
+    lines += tie_lines(report.tensors)
     lines += copy_lines(report)
     lines += file_summary(report, symbols)
     print_lines(console, lines)
