@@ -14,14 +14,18 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..errors import OutputExistsError
 from ..formats.atomic import TEMP_SUFFIX, AtomicOutput
 from ..formats.sharded import INDEX_SUFFIX, TensorSet
+from ..messages import Option
 from ..text import natural_key
 from .inputs import is_tensor_file
 from .journal import JOURNAL_SUFFIX, MARKER_SUFFIX
+from .results import FileReport
 
 OWN_SUFFIXES = (TEMP_SUFFIX, JOURNAL_SUFFIX, MARKER_SUFFIX)
 
@@ -35,11 +39,13 @@ class Companions:
     left: list[tuple[str, str]] = field(default_factory=list)
 
 
-def companions(tensor_set: TensorSet, out_dir: Path) -> Companions:
-    """The files of the set's index folder to copy into ``out_dir``, in natural order."""
-    assert tensor_set.index is not None
-    folder = tensor_set.index.parent
-    own = {os.path.normpath(f) for f in tensor_set.files} | {os.path.normpath(tensor_set.index)}
+def companions(tensor_set: TensorSet, out_dir: Path, folder: Path | None = None) -> Companions:
+    """The files of the set's index folder (of ``folder`` for a set without an index) to copy
+    into ``out_dir``, in natural order."""
+    if folder is None:
+        assert tensor_set.index is not None
+        folder = tensor_set.index.parent
+    own = {os.path.normpath(f) for f in [*tensor_set.files, *([tensor_set.index] if tensor_set.index else [])]}
     found = Companions()
     try:
         entries = sorted(os.scandir(folder), key=lambda e: natural_key(e.name))
@@ -80,3 +86,35 @@ def copy_companions(copies: list[tuple[Path, Path]], overwrite: bool) -> list[Pa
             raise
         written.append(target)
     return written
+
+
+def folder_companions(folder: Path, out_dir: Path, taken: Collection[Path], plain: Collection[Path]) -> Companions:
+    """The other files of a folder that its ``model.safetensors`` stands for (``save_pretrained``'s,
+    a Trainer's ``checkpoint-100/``), to copy beside that file's output in ``out_dir``, as for an
+    index: ``from_pretrained(OUT)`` needs config.json. The run's inputs (``taken``: the weights,
+    and optimizer.pt written as a set of its own) are not copied and not listed; files that hold
+    no tensors tclip reads (``plain``: rng_state.pth, training_args.bin) are copied."""
+    found = companions(TensorSet(str(folder), list(taken)), out_dir, folder)
+    kinds = {os.path.normpath(p) for p in plain}
+    moved = [name for name, why in found.left if os.path.normpath(Path(folder) / name) in kinds]
+    found.left = [(name, why) for name, why in found.left if name not in moved]
+    found.copies = sorted([*found.copies, *((Path(folder) / n, Path(out_dir) / n) for n in moved)],
+                          key=lambda pair: natural_key(pair[0].name))
+    return found
+
+
+def check_copy_targets(found: Companions, overwrite: bool) -> None:
+    """Refuse, before anything is written, copies whose targets exist (unless ``overwrite``)."""
+    for _, target in found.copies:
+        if not overwrite and os.path.lexists(target):
+            raise OutputExistsError(("output already exists; pass ", Option.FORCE, " to replace it"), target)
+
+
+def copy_into_report(report: FileReport, found: Companions, dry_run: bool, overwrite: bool) -> None:
+    """Copy the files (a dry run only lists them) and say so in ``report``."""
+    if dry_run:
+        report.would_copy = [{"file": str(f), "output": str(t), "exists": os.path.lexists(t)} for f, t in found.copies]
+    else:
+        copy_companions(found.copies, overwrite)
+        report.copied = [source.name for source, _ in found.copies]
+    report.not_copied = [{"name": name, "reason": why} for name, why in found.left]

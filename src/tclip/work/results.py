@@ -46,6 +46,8 @@ class NoteKind(enum.Enum):
     OPTIMIZER_STATE = "a training optimizer's state was left out"
     INDEX_CHOSEN = "a folder holds two indexes of one checkpoint; one was taken"
     NO_OUTPUT = "a dry run found no output a real run could write"
+    NO_TENSORS = "a file of a folder or a glob holds no tensors tclip reads; it was left out"
+    FOLDER_WEIGHTS = "a folder's model weights were taken, its other tensor files left"
 
 
 class Note(Tagged):

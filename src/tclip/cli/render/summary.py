@@ -19,7 +19,15 @@ from rich.text import Text
 
 from ...text import fmt_column, safe
 from ...work.results import FileReport
-from ...work.summary import TOP_CHANGES, changes, file_labels, in_row_order, in_step_order, largest_tensor
+from ...work.summary import (
+    TOP_CHANGES,
+    changes,
+    consecutive,
+    file_labels,
+    in_row_order,
+    in_step_order,
+    largest_tensor,
+)
 from .report import gave_way_line
 from .table import Column, lay_out, name_floor, print_lines, shorten_names, symbols_for, trend_sparkline
 
@@ -59,7 +67,10 @@ def render_across_files(reports: list[FileReport], console: Console, width: int 
     lines += lay_out([safe(labels[r.file]) for r in rows], columns, width, symbols, name_header="file",
                      gave_way=gave_way)
     moves = []
-    for previous, current in zip(steps, steps[1:]):
+    before = consecutive(steps)
+    for previous, current in ((before[id(r)], r) for r in steps):
+        if previous is None:
+            continue
         for change in changes(previous, current, top):
             moves.append((change, previous.file, current.file))
     moves.sort(key=lambda m: (not m[0]["nonfinite_appeared"],
