@@ -934,9 +934,9 @@ class _Interpreter:
             if self.persistent == "zip" and _no_floating_storage(bytes(self.data[self.begin:self.stop])):
                 # A Trainer's rng_state.pth (NumPy's and Python's generator states) or
                 # training_args.bin (an object): nothing to measure; saving a state_dict is no advice here.
-                what = _describe_global(module, name, with_hint=False)
                 raise NoTensorsError(f"{self.where}: holds no tensors tclip reads (no floating-point storage; "
-                                     f"its Python objects are never built: {what})", self.path)
+                                     f"its Python objects are never built: {_describe_global(module, name)})",
+                                     self.path)
             raise self.refused(_describe_global(module, name))
         if found.kind == "dtype":  # a dtype is pickled as the global itself: a value
             return TorchValue("dtype", found.arg)
@@ -1297,12 +1297,10 @@ def _no_floating_storage(pickled: bytes) -> bool:
     return True
 
 
-def _describe_global(module: str, name: str, with_hint: bool = True) -> str:
+def _describe_global(module: str, name: str) -> str:
     dotted = f"{module}.{name}"
     shown = dotted if len(dotted) <= 200 else dotted[:200] + "..."
     shown = shown.encode("unicode_escape").decode("ascii")
-    if not with_hint:
-        return f"refused global '{shown}'"
     if dotted == "torch._tensor._rebuild_from_type_v2":
         hint = " (a tensor subclass or a tensor with Python attributes)"
     elif module.startswith("torch.nn.modules") or module == "__main__":
