@@ -117,10 +117,28 @@ class TaskPool:
                 self.client = Client(dask_address, timeout="30s", set_as_default=False)
             except (OSError, TimeoutError, ValueError) as error:
                 raise TclipError(f"cannot reach the Dask scheduler at {dask_address} ({error})") from None
+            self._check_remote(dask_address)
             # Each worker runs its tasks with the budget given (its --memory and --threads).
             self.parallel = files
             self.task_budget = budget
             self.executor = self.client.get_executor(retries=2, pure=False)
+
+    def _check_remote(self, address: str) -> None:
+        """The tasks are tclip's functions, sent by name: a scheduler or worker that cannot import
+        tclip would fail each one with a deserialization traceback. Asked first, it is one line."""
+        import importlib
+
+        where = "scheduler"
+        try:
+            self.client.run_on_scheduler(importlib.import_module, __name__)
+            where = "workers"
+            self.client.run(importlib.import_module, __name__)
+        except Exception as error:  # whatever the remote side raised, sent back
+            self.client.close()
+            text = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+            raise TclipError(f"the Dask {where} at {address} cannot import tclip ({type(error).__name__}: {text}); "
+                             "tclip must be installed where the scheduler and every worker run too, the same "
+                             "version as here") from None
 
     def map(self, function: Callable[..., Any], calls: list[tuple[tuple, dict[str, Any]]]) -> list[Any]:
         futures: list[Future] = [self.executor.submit(function, *args, **kwargs) for args, kwargs in calls]
