@@ -180,6 +180,21 @@ def test_out_dir_of_a_trainer_checkpoint_is_a_whole_checkpoint(two_checkpoints, 
     assert again.exit_code == 1 and "config.json: output already exists" in again.stderr
 
 
+def test_out_dir_of_a_sharded_trainer_checkpoint_copies_its_files_without_tensors(tmp_path):
+    folder = tmp_path / "checkpoint-300"
+    index = sharded(folder)
+    torch_script(TRAINER, folder, 0)
+    result = run("global", "--clip", "1", "--json", "--out-dir", tmp_path / "out", folder)
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["file"] == str(index)
+    assert report["copied"] == ["rng_state.pth", "trainer_state.json", "training_args.bin"]
+    assert report["not_copied"] == [{"name": name, "reason": "weights tclip did not clip"}
+                                    for name in ("optimizer.pt", "scheduler.pt")]
+    for name in ("rng_state.pth", "training_args.bin"):
+        assert (tmp_path / "out" / name).read_bytes() == (folder / name).read_bytes()
+
+
 # ------------------------------------------------------------------ save_pretrained folders
 
 

@@ -260,7 +260,7 @@ def run_clip(mode: Any, *, files: tuple[str, ...], recursive: bool, output: Path
     use_sets = across_files or dask_address is not None or any(is_index(p) for _, p in inputs)
     # a folder's model.safetensors (save_pretrained's, a Trainer's) takes the folder's other files along
     copies = {} if out_dir is None or use_sets else {
-        weights: folder_companions(folder, out_dir, [p for _, p in inputs if p is not None], folders.no_tensors)
+        weights: folder_companions(folder, out_dir, [p for _, p in inputs if p is not None])
         for weights, folder in folders.weights.items()}
     total = 0
     for _, path in inputs:

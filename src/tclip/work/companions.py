@@ -23,7 +23,7 @@ from ..formats.atomic import TEMP_SUFFIX, AtomicOutput
 from ..formats.sharded import INDEX_SUFFIX, TensorSet
 from ..messages import Option
 from ..text import natural_key
-from .inputs import is_tensor_file
+from .inputs import is_tensor_file, no_tensors
 from .journal import JOURNAL_SUFFIX, MARKER_SUFFIX
 from .results import FileReport
 
@@ -88,19 +88,24 @@ def copy_companions(copies: list[tuple[Path, Path]], overwrite: bool) -> list[Pa
     return written
 
 
-def folder_companions(folder: Path, out_dir: Path, taken: Collection[Path], plain: Collection[Path]) -> Companions:
+def folder_companions(folder: Path, out_dir: Path, taken: Collection[Path]) -> Companions:
     """The other files of a folder that its ``model.safetensors`` stands for (``save_pretrained``'s,
     a Trainer's ``checkpoint-100/``), to copy beside that file's output in ``out_dir``, as for an
     index: ``from_pretrained(OUT)`` needs config.json. The run's inputs (``taken``: the weights,
-    and optimizer.pt written as a set of its own) are not copied and not listed; files that hold
-    no tensors tclip reads (``plain``: rng_state.pth, training_args.bin) are copied."""
-    found = companions(TensorSet(str(folder), list(taken)), out_dir, folder)
-    kinds = {os.path.normpath(p) for p in plain}
-    moved = [name for name, why in found.left if os.path.normpath(Path(folder) / name) in kinds]
-    found.left = [(name, why) for name, why in found.left if name not in moved]
-    found.copies = sorted([*found.copies, *((Path(folder) / n, Path(out_dir) / n) for n in moved)],
-                          key=lambda pair: natural_key(pair[0].name))
-    return found
+    and optimizer.pt written as a set of its own) are not copied and not listed."""
+    return with_plain_files(companions(TensorSet(str(folder), list(taken)), out_dir, folder), folder, out_dir)
+
+
+def with_plain_files(found: Companions, folder: Path, out_dir: Path) -> Companions:
+    """``found`` with the files it leaves as weights that hold no tensors tclip reads (a Trainer's
+    ``rng_state.pth`` and ``training_args.bin``: pickled Python objects) copied instead: they
+    are no weights, and a checkpoint resumed from the output folder needs them."""
+    moved = [name for name, _ in found.left if no_tensors(Path(folder) / name) is not None]
+    if not moved:
+        return found
+    copies = [*found.copies, *((Path(folder) / n, Path(out_dir) / n) for n in moved)]
+    return Companions(sorted(copies, key=lambda pair: natural_key(pair[0].name)),
+                      [(name, why) for name, why in found.left if name not in moved])
 
 
 def check_copy_targets(found: Companions, overwrite: bool) -> None:

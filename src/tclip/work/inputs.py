@@ -129,12 +129,10 @@ def folder_indexes(folder: Path, notes: list[tuple[str, Note]] | None = None) ->
 @dataclass
 class Found:
     """What expanding folders and globs found besides tensor files: the Hugging Face weights
-    file (``model.safetensors``) that stands for each folder holding one and no index --
-    its output takes the folder's other files along into ``--out-dir`` -- and the files
-    that hold no tensors tclip reads (a Trainer's ``rng_state.pth``, ``training_args.bin``)."""
+    file (``model.safetensors``) that stands for each folder holding one and no index (its
+    output takes the folder's other files along into ``--out-dir``)."""
 
     weights: dict[Path, Path] = field(default_factory=dict)  # the weights file -> its folder
-    no_tensors: list[Path] = field(default_factory=list)
 
 
 def expand_files(items: tuple[str, ...], recursive: bool, notes: list[tuple[str, Note]] | None = None,
@@ -167,7 +165,7 @@ def _folder_files(folder: Path, recursive: bool, notes: list[tuple[str, Note]] |
     if indexes:
         return [(str(index), index) for index in indexes]
     listed = sorted(folder.rglob("*") if recursive else folder.iterdir(), key=lambda p: _natural(str(p)))
-    files = _holding_tensors([p for p in listed if p.is_file() and is_tensor_file(p)], notes, found)
+    files = _holding_tensors([p for p in listed if p.is_file() and is_tensor_file(p)], notes)
     weights = folder / SAFETENSORS_SINGLE
     if found is not None and weights in files:
         found.weights[weights] = folder
@@ -186,7 +184,7 @@ def _glob_files(pattern: str, recursive: bool, notes: list[tuple[str, Note]] | N
             pairs.append((match, path))
         elif path.is_file() and is_tensor_file(path):
             loose.append(path)
-    pairs += [(str(p), p) for p in _holding_tensors(loose, notes, found)]
+    pairs += [(str(p), p) for p in _holding_tensors(loose, notes)]
     # a shard of a set the glob also gave (its index, its folder) is that set's, not a file of its own
     covered: set[str] = set()
     for _, path in pairs:
@@ -202,25 +200,32 @@ def _glob_files(pattern: str, recursive: bool, notes: list[tuple[str, Note]] | N
     return list(once.values())
 
 
-def _holding_tensors(files: list[Path], notes: list[tuple[str, Note]] | None, found: Found | None) -> list[Path]:
+def _holding_tensors(files: list[Path], notes: list[tuple[str, Note]] | None) -> list[Path]:
     """``files`` but those that hold no tensors tclip reads (pickled Python objects only:
     a Trainer's ``rng_state.pth``), each with a note; a file that fails otherwise stays,
     to fail on its own turn."""
     kept = []
     for path in files:
-        try:
-            if detect_format(path) == pytorch.NAME:
-                open_reader(path).close()
-        except NoTensorsError as error:
-            if notes is not None:
-                notes.append((str(path), Note(NoteKind.NO_TENSORS, f"{error.detail}; left out")))
-            if found is not None:
-                found.no_tensors.append(path)
+        error = no_tensors(path)
+        if error is None:
+            kept.append(path)
             continue
-        except TclipError:
-            pass
-        kept.append(path)
+        if notes is not None:
+            notes.append((str(path), Note(NoteKind.NO_TENSORS, f"{error.detail}; left out")))
     return kept
+
+
+def no_tensors(path: Path) -> NoTensorsError | None:
+    """Why a PyTorch file holds no tensors tclip reads (pickled Python objects only), or None
+    (it holds some, or is no such file, or fails otherwise: that is for its reader to say)."""
+    try:
+        if detect_format(path) == pytorch.NAME:
+            open_reader(path).close()
+    except NoTensorsError as error:
+        return error
+    except TclipError:
+        pass
+    return None
 
 
 def diff_input(item: str, notes: list[tuple[str, Note]] | None = None) -> str:

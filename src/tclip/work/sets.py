@@ -41,7 +41,7 @@ from ..formats.sharded import (
 )
 from ..messages import Option
 from .budget import Budget
-from .companions import Companions, companions, copy_companions
+from .companions import Companions, companions, copy_companions, with_plain_files
 from .clip import file_info
 from .inputs import check_outputs, default_output
 from .journal import (
@@ -233,7 +233,8 @@ def _companions(tensor_set: TensorSet, options: ClipOptions) -> Companions:
     """The checkpoint folder's other files that go with an index written to ``--out-dir``."""
     if tensor_set.index is None or options.in_place or options.out_dir is None:
         return Companions()
-    return companions(tensor_set, Path(options.out_dir))
+    return with_plain_files(companions(tensor_set, Path(options.out_dir)), tensor_set.index.parent,
+                            Path(options.out_dir))
 
 
 def planned_outputs(tensor_set: TensorSet, options: ClipOptions) -> tuple[dict[Path, Path], list[Path]]:
