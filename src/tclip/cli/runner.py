@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import TclipError
 from ..messages import spelled
@@ -21,6 +21,9 @@ from ..text import name_list, safe
 from ..work.results import Note, NoteKind
 from .exits import EXIT_BROKEN_PIPE, EXIT_CHECK_FAILED, EXIT_FAILED, quiet_stdout
 from .words import flag
+
+if TYPE_CHECKING:
+    from ..work.inputs import Found
 
 # Runs smaller than this take well under a second: no progress bar flashing by.
 PROGRESS_MIN_BYTES = 64 << 20
@@ -137,7 +140,8 @@ class Runner:
         sys.stdout.write(json.dumps(data, allow_nan=False) + "\n")
         sys.stdout.flush()
 
-    def expand(self, items: tuple[str, ...], recursive: bool, folders: Any = None) -> list[tuple[str, Path | None]]:
+    def expand(self, items: tuple[str, ...], recursive: bool,
+               folders: Found | None = None) -> list[tuple[str, Path | None]]:
         from ..work.inputs import expand_files
 
         notes: list[tuple[str, Any]] = []
