@@ -208,6 +208,8 @@ def test_out_dir_of_a_save_pretrained_folder_keeps_its_side_files(tmp_path):
     dry = run("global", "--clip", "1", "--dry-run", "--json", "--force", "--out-dir", tmp_path / "out", folder)
     copies = json.loads(dry.stdout)["would_write"]["copies"]
     assert sorted(Path(c["output"]).name for c in copies) == sorted(SIDE_FILES) and all(c["exists"] for c in copies)
+    said = run("global", "--clip", "1", "--dry-run", "--out-dir", tmp_path / "new", folder)
+    assert f"would write {tmp_path / 'new' / 'model.safetensors'}, and copy 6 other file(s) of its folder;" in said.stdout
 
 
 def test_from_pretrained_loads_the_clipped_folder(tmp_path):
