@@ -175,16 +175,14 @@ def _folder_files(folder: Path, recursive: bool, notes: list[tuple[str, Note]] |
 def _glob_files(pattern: str, recursive: bool, notes: list[tuple[str, Note]] | None,
                 found: Found | None) -> list[tuple[str, Path]]:
     pairs: list[tuple[str, Path]] = []
-    loose: list[Path] = []
     for match in sorted(glob.glob(pattern, recursive=recursive), key=_natural):
         path = Path(match)
         if os.path.isdir(path):
             pairs += _folder_files(path, recursive, notes, found)
         elif path.name.endswith(INDEX_SUFFIX) and path.is_file():
-            pairs.append((match, path))
+            pairs.append((str(path), path))
         elif path.is_file() and is_tensor_file(path):
-            loose.append(path)
-    pairs += [(str(p), p) for p in _holding_tensors(loose, notes)]
+            pairs += [(str(p), p) for p in _holding_tensors([path], notes)]
     # a shard of a set the glob also gave (its index, its folder) is that set's, not a file of its own
     covered: set[str] = set()
     for _, path in pairs:
