@@ -125,7 +125,8 @@ class TaskPool:
 
     def _check_remote(self, address: str) -> None:
         """The tasks are tclip's functions, sent by name: a scheduler or worker that cannot import
-        tclip would fail each one with a deserialization traceback. Asked first, it is one line."""
+        tclip would fail each one with a deserialization traceback. Asked first, it is one line
+        (a cluster that refuses to run the question, or fails otherwise, is left to the tasks)."""
         import importlib
 
         where = "scheduler"
@@ -133,12 +134,14 @@ class TaskPool:
             self.client.run_on_scheduler(importlib.import_module, __name__)
             where = "workers"
             self.client.run(importlib.import_module, __name__)
-        except Exception as error:  # whatever the remote side raised, sent back
+        except ImportError as error:  # raised there, sent back
             self.client.close()
             text = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
             raise TclipError(f"the Dask {where} at {address} cannot import tclip ({type(error).__name__}: {text}); "
                              "tclip must be installed where the scheduler and every worker run too, the same "
                              "version as here") from None
+        except Exception:  # (run_on_scheduler refused by the cluster's configuration, say): the tasks will tell
+            pass
 
     def map(self, function: Callable[..., Any], calls: list[tuple[tuple, dict[str, Any]]]) -> list[Any]:
         futures: list[Future] = [self.executor.submit(function, *args, **kwargs) for args, kwargs in calls]
