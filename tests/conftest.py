@@ -15,3 +15,7 @@ settings.register_profile("random", database=None, deadline=None, suppress_healt
 settings.register_profile("long", database=None, deadline=None, max_examples=1000,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+# transformers only ever loads local folders in these tests: never the network (set before it is imported)
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

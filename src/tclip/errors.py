@@ -35,6 +35,10 @@ class UnsupportedError(TclipError):
     """The file is valid but holds something tclip cannot carry (e.g. objects)."""
 
 
+class NoTensorsError(UnsupportedError):
+    """The file holds pickled Python objects and no tensor tclip reads (a Trainer's ``rng_state.pth``)."""
+
+
 class OutputExistsError(TclipError):
     """The output exists and replacing it was not asked for."""
 

@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import TclipError
 from ..messages import spelled
@@ -21,6 +21,9 @@ from ..text import name_list, safe
 from ..work.results import Note, NoteKind
 from .exits import EXIT_BROKEN_PIPE, EXIT_CHECK_FAILED, EXIT_FAILED, quiet_stdout
 from .words import flag
+
+if TYPE_CHECKING:
+    from ..work.inputs import Found
 
 # Runs smaller than this take well under a second: no progress bar flashing by.
 PROGRESS_MIN_BYTES = 64 << 20
@@ -137,11 +140,12 @@ class Runner:
         sys.stdout.write(json.dumps(data, allow_nan=False) + "\n")
         sys.stdout.flush()
 
-    def expand(self, items: tuple[str, ...], recursive: bool) -> list[tuple[str, Path | None]]:
+    def expand(self, items: tuple[str, ...], recursive: bool,
+               folders: Found | None = None) -> list[tuple[str, Path | None]]:
         from ..work.inputs import expand_files
 
         notes: list[tuple[str, Any]] = []
-        found = list(expand_files(items, recursive, notes))
+        found = list(expand_files(items, recursive, notes, folders))
         for folder, note in notes:
             self.note(folder, note)
         return found
@@ -232,6 +236,8 @@ def run_clip(mode: Any, *, files: tuple[str, ...], recursive: bool, output: Path
              strict: bool = False, top: int | None = None, summary: bool = False) -> int:
     from ..formats.sharded import is_index, load_index
     from ..work.clip import clip_file
+    from ..work.companions import check_copy_targets, copy_into_report, folder_companions
+    from ..work.inputs import Found
     from ..work.options import ClipOptions
     from ..work.selection import Selection
     from ..work.sets import clip_set, group_sets
@@ -253,8 +259,13 @@ def run_clip(mode: Any, *, files: tuple[str, ...], recursive: bool, output: Path
                           selection=Selection(include, exclude), nonfinite=nonfinite, strict=strict,
                           dry_run=dry_run, memory=memory, threads=threads or 0, drop_nonnumeric=drop_nonnumeric,
                           measure_after=as_json or not quiet)
-    inputs = runner.expand(files, recursive)
+    folders = Found()
+    inputs = runner.expand(files, recursive, folders)
     use_sets = across_files or dask_address is not None or any(is_index(p) for _, p in inputs)
+    # a folder's model.safetensors (save_pretrained's, a Trainer's) takes the folder's other files along
+    copies = {} if out_dir is None or use_sets else {
+        weights: folder_companions(folder, out_dir, [p for _, p in inputs if p is not None])
+        for weights, folder in folders.weights.items()}
     total = 0
     for _, path in inputs:
         try:
@@ -277,7 +288,7 @@ def run_clip(mode: Any, *, files: tuple[str, ...], recursive: bool, output: Path
         if not dry_run and not in_place:
             # Every output of the run against every input of the run, before anything is written.
             try:
-                _check_run_outputs(inputs, options, use_sets, across_files)
+                _check_run_outputs(inputs, options, use_sets, across_files, copies)
             except TclipError as error:
                 runner.error(str(error.path), error.spelled(flag))
                 return runner.finish()
@@ -290,8 +301,15 @@ def run_clip(mode: Any, *, files: tuple[str, ...], recursive: bool, output: Path
                     if report is not None:
                         runner.done(name, report, show)
                 else:
-                    report = runner.attempt(name, lambda p=item, n=name: clip_file(
-                        p, mode, options, None if progress is None else progress(n)))
+                    def clip_one(p: Path, n: str) -> Any:
+                        if p in copies and not dry_run:
+                            check_copy_targets(copies[p], force)
+                        report = clip_file(p, mode, options, None if progress is None else progress(n))
+                        if p in copies:
+                            copy_into_report(report, copies[p], dry_run, force)
+                        return report
+
+                    report = runner.attempt(name, lambda p=item, n=name: clip_one(p, n))
                     if report is not None:
                         runner.done(name, report, show)
                 if runner.failed and fail_fast:
@@ -310,10 +328,10 @@ def run_clip(mode: Any, *, files: tuple[str, ...], recursive: bool, output: Path
 
 
 def _check_run_outputs(inputs: list[tuple[str, Path | None]], options: Any, use_sets: bool,
-                       across_files: bool) -> None:
+                       across_files: bool, copies: dict[Path, Any]) -> None:
     """No output of the run is one of its inputs, and no two inputs share an output
     (see :func:`tclip.work.inputs.check_outputs`); inputs that cannot be read are left
-    to fail on their own turn."""
+    to fail on their own turn. ``copies``: a folder's other files copied with its weights."""
     from ..work.inputs import check_outputs, output_for
     from ..work.sets import group_sets, planned_outputs
 
@@ -336,6 +354,10 @@ def _check_run_outputs(inputs: list[tuple[str, Path | None]], options: Any, use_
                 continue
             outputs[source] = out
         every += members
+    for found in copies.values():
+        for source, target in found.copies:
+            outputs.setdefault(source, target)
+            every.append(source)
     check_outputs(outputs, every)
 
 

@@ -22,7 +22,9 @@ multiply the work (:func:`flatten`).
 from __future__ import annotations
 
 import codecs
+import io
 import math
+import pickletools
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -31,7 +33,7 @@ from typing import Any, NamedTuple
 import ml_dtypes
 import numpy as np
 
-from ..errors import FormatError, UnsupportedError
+from ..errors import FormatError, NoTensorsError, UnsupportedError
 
 __all__ = [
     "ACCEPTED_GLOBALS",
@@ -438,6 +440,7 @@ class _Interpreter:
         self.canonical: dict[Any, Any] = {}  # one object per distinct str/bytes/tuple key
         self.plain_seen: dict[int, Any] = {}  # containers already found plain (BUILD state)
         self.op_start = start
+        self.begin = start
 
     # ------------------------------------------------------------------ errors
 
@@ -928,6 +931,12 @@ class _Interpreter:
     def find(self, module: str, name: str) -> _Global | TorchValue:
         found = _GLOBALS.get((module, name))
         if found is None:
+            if self.persistent == "zip" and _no_floating_storage(bytes(self.data[self.begin:self.stop])):
+                # A Trainer's rng_state.pth (NumPy's and Python's generator states) or
+                # training_args.bin (an object): nothing to measure; saving a state_dict is no advice here.
+                raise NoTensorsError(f"{self.where}: holds no tensors tclip reads (no floating-point storage; "
+                                     f"its Python objects are never built: {_describe_global(module, name)})",
+                                     self.path)
             raise self.refused(_describe_global(module, name))
         if found.kind == "dtype":  # a dtype is pickled as the global itself: a value
             return TorchValue("dtype", found.arg)
@@ -1265,6 +1274,27 @@ def _kind(value: Any) -> str:
     if isinstance(value, _HashedTuple):
         return "tuple"
     return type(value).__name__
+
+
+# Storages that hold no floating-point values: a pickle naming only these holds no weights.
+_WHOLE_NUMBER_STORAGES = frozenset(f"{module} {name}" for module in ("torch", "torch.cuda") for name in (
+    "LongStorage", "IntStorage", "ShortStorage", "CharStorage", "ByteStorage", "BoolStorage"))
+
+
+def _no_floating_storage(pickled: bytes) -> bool:
+    """Whether a pickle provably names no storage that could hold floating-point values: its
+    opcodes are only parsed (``pickletools.genops`` runs nothing), every torch storage class
+    it names is an integer or bool one. A global named through the stack (protocol 4) or a
+    pickle that does not parse counts as one that may hold them."""
+    try:
+        for opcode, arg, _ in pickletools.genops(io.BytesIO(pickled)):
+            if opcode.name == "STACK_GLOBAL":
+                return False
+            if opcode.name == "GLOBAL" and str(arg).endswith("Storage") and arg not in _WHOLE_NUMBER_STORAGES:
+                return False
+    except Exception:  # a pickle genops cannot parse: nothing proven
+        return False
+    return True
 
 
 def _describe_global(module: str, name: str) -> str:

@@ -15,17 +15,20 @@ import os
 import re
 import shutil
 import stat
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from ..errors import TclipError
+from ..errors import OutputExistsError, TclipError
 from ..formats.atomic import TEMP_SUFFIX, AtomicOutput
 from ..formats.locks import LOCK_SUFFIX
 from ..formats.sharded import INDEX_SUFFIX, TensorSet
+from ..messages import Option
 from ..text import natural_key
-from .inputs import is_tensor_file
+from .inputs import is_tensor_file, no_tensors
 from .journal import JOURNAL_SUFFIX, MARKER_SUFFIX
+from .results import FileReport
 
 OWN_SUFFIXES = (TEMP_SUFFIX, JOURNAL_SUFFIX, MARKER_SUFFIX, LOCK_SUFFIX)
 
@@ -53,11 +56,13 @@ class Companions:
     left: list[tuple[str, str]] = field(default_factory=list)
 
 
-def companions(tensor_set: TensorSet, out_dir: Path) -> Companions:
-    """The files of the set's index folder to copy into ``out_dir``, in natural order."""
-    assert tensor_set.index is not None
-    folder = tensor_set.index.parent
-    own = {os.path.normpath(f) for f in tensor_set.files} | {os.path.normpath(tensor_set.index)}
+def companions(tensor_set: TensorSet, out_dir: Path, folder: Path | None = None) -> Companions:
+    """The files of the set's index folder (of ``folder`` for a set without an index) to copy
+    into ``out_dir``, in natural order."""
+    if folder is None:
+        assert tensor_set.index is not None
+        folder = tensor_set.index.parent
+    own = {os.path.normpath(f) for f in [*tensor_set.files, *([tensor_set.index] if tensor_set.index else [])]}
     found = Companions()
     try:
         entries = sorted(os.scandir(folder), key=lambda e: natural_key(e.name))
@@ -123,3 +128,40 @@ def _open_regular(source: Path) -> BinaryIO:
     except BaseException:
         os.close(fd)
         raise
+
+
+def folder_companions(folder: Path, out_dir: Path, taken: Collection[Path]) -> Companions:
+    """The other files of a folder that its ``model.safetensors`` stands for (``save_pretrained``'s,
+    a Trainer's ``checkpoint-100/``), to copy beside that file's output in ``out_dir``, as for an
+    index: ``from_pretrained(OUT)`` needs config.json. The run's inputs (``taken``: the weights,
+    and optimizer.pt written as a set of its own) are not copied and not listed."""
+    return with_plain_files(companions(TensorSet(str(folder), list(taken)), out_dir, folder), folder, out_dir)
+
+
+def with_plain_files(found: Companions, folder: Path, out_dir: Path) -> Companions:
+    """``found`` with the files it leaves as weights that hold no tensors tclip reads (a Trainer's
+    ``rng_state.pth`` and ``training_args.bin``: pickled Python objects) copied instead: they
+    are no weights, and a checkpoint resumed from the output folder needs them."""
+    moved = [name for name, _ in found.left if no_tensors(Path(folder) / name) is not None]
+    if not moved:
+        return found
+    copies = [*found.copies, *((Path(folder) / n, Path(out_dir) / n) for n in moved)]
+    return Companions(sorted(copies, key=lambda pair: natural_key(pair[0].name)),
+                      [(name, why) for name, why in found.left if name not in moved])
+
+
+def check_copy_targets(found: Companions, overwrite: bool) -> None:
+    """Refuse, before anything is written, copies whose targets exist (unless ``overwrite``)."""
+    for _, target in found.copies:
+        if not overwrite and os.path.lexists(target):
+            raise OutputExistsError(("output already exists; pass ", Option.FORCE, " to replace it"), target)
+
+
+def copy_into_report(report: FileReport, found: Companions, dry_run: bool, overwrite: bool) -> None:
+    """Copy the files (a dry run only lists them) and say so in ``report``."""
+    if dry_run:
+        report.would_copy = [{"file": str(f), "output": str(t), "exists": os.path.lexists(t)} for f, t in found.copies]
+    else:
+        copy_companions(found.copies, overwrite)
+        report.copied = [source.name for source, _ in found.copies]
+    report.not_copied = [{"name": name, "reason": why} for name, why in found.left]

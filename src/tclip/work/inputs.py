@@ -11,13 +11,16 @@ from __future__ import annotations
 import glob
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import TclipError
-from ..formats.registry import claimed_by_content, content_suffixes, kept_endings, suffixes
+from ..errors import NoTensorsError, TclipError
+from ..formats import torch as pytorch
+from ..formats.registry import claimed_by_content, content_suffixes, detect_format, kept_endings, open_reader, suffixes
+from ..formats.sharded import INDEX_SUFFIX, load_index
 from ..messages import Option
-from ..text import natural_key
+from ..text import name_list, natural_key
 from .options import ClipOptions
 from .results import Note, NoteKind
 
@@ -123,52 +126,133 @@ def folder_indexes(folder: Path, notes: list[tuple[str, Note]] | None = None) ->
     return safe_ones
 
 
-def expand_files(items: tuple[str, ...], recursive: bool,
-                 notes: list[tuple[str, Note]] | None = None) -> Iterator[tuple[str, Path | None]]:
+@dataclass
+class Found:
+    """What expanding folders and globs found besides tensor files: the Hugging Face weights
+    file (``model.safetensors``) that stands for each folder holding one and no index (its
+    output takes the folder's other files along into ``--out-dir``)."""
+
+    weights: dict[Path, Path] = field(default_factory=dict)  # the weights file -> its folder
+
+
+def expand_files(items: tuple[str, ...], recursive: bool, notes: list[tuple[str, Note]] | None = None,
+                 found: Found | None = None) -> Iterator[tuple[str, Path | None]]:
     """(display name, path) per input; path None when the item matched nothing.
 
     A directory holding a ``*.safetensors.index.json`` stands for that sharded set
-    (see :func:`folder_indexes` for a folder holding two indexes).
+    (see :func:`folder_indexes` for a folder holding two indexes). A quoted glob gives
+    what its matches would give one by one: files, folders and indexes (shards of an
+    index it matches are that index's). Files of a folder or a glob that hold no tensors
+    tclip reads are left out with a note (named alone, such a file is an error).
     """
     for item in items:
         path = Path(item)
         # os.path's tests answer False for a name too long (ENAMETOOLONG) where Path's raise:
         # such an item then fails alone, with one line, when it is opened.
         if os.path.isdir(path):
-            indexes = folder_indexes(path, notes)
-            if indexes:
-                for index in indexes:
-                    yield str(index), index
-                continue
-            found = sorted(path.rglob("*") if recursive else path.iterdir(), key=lambda p: _natural(str(p)))
-            files = [p for p in found if p.is_file() and is_tensor_file(p)]
-            if not files:
-                yield item, None
-            for p in files:
-                yield str(p), p
+            pairs = _folder_files(path, recursive, notes, found)
+            yield from pairs if pairs else [(item, None)]
         elif os.path.lexists(path) or not glob.has_magic(item):
             yield item, path
         else:
-            matches = sorted(glob.glob(item, recursive=recursive), key=_natural)
-            files = [Path(m) for m in matches if Path(m).is_file() and is_tensor_file(Path(m))]
-            if not files:
-                yield item, None
-            for p in files:
-                yield str(p), p
+            pairs = _glob_files(item, recursive, notes, found)
+            yield from pairs if pairs else [(item, None)]
+
+
+def _folder_files(folder: Path, recursive: bool, notes: list[tuple[str, Note]] | None,
+                  found: Found | None) -> list[tuple[str, Path]]:
+    indexes = folder_indexes(folder, notes)
+    if indexes:
+        return [(str(index), index) for index in indexes]
+    listed = sorted(folder.rglob("*") if recursive else folder.iterdir(), key=lambda p: _natural(str(p)))
+    files = _holding_tensors([p for p in listed if p.is_file() and is_tensor_file(p)], notes)
+    weights = folder / SAFETENSORS_SINGLE
+    if found is not None and weights in files:
+        found.weights[weights] = folder
+    return [(str(p), p) for p in files]
+
+
+def _glob_files(pattern: str, recursive: bool, notes: list[tuple[str, Note]] | None,
+                found: Found | None) -> list[tuple[str, Path]]:
+    pairs: list[tuple[str, Path]] = []
+    for match in sorted(glob.glob(pattern, recursive=recursive), key=_natural):
+        path = Path(match)
+        if os.path.isdir(path):
+            pairs += _folder_files(path, recursive, notes, found)
+        elif path.name.endswith(INDEX_SUFFIX) and path.is_file():
+            pairs.append((str(path), path))
+        elif path.is_file() and is_tensor_file(path):
+            pairs += [(str(p), p) for p in _holding_tensors([path], notes)]
+    # a shard of a set the glob also gave (its index, its folder) is that set's, not a file of its own
+    covered: set[str] = set()
+    for _, path in pairs:
+        if path.name.endswith(INDEX_SUFFIX):
+            try:
+                covered.update(os.path.normpath(f) for f in load_index(path).files)
+            except (TclipError, OSError):
+                pass  # reported when the index is read
+    once: dict[str, tuple[str, Path]] = {}
+    for name, path in pairs:
+        if os.path.normpath(path) not in covered:
+            once.setdefault(os.path.normpath(path), (name, path))  # (a ** glob matches a folder and its files)
+    return list(once.values())
+
+
+def _holding_tensors(files: list[Path], notes: list[tuple[str, Note]] | None) -> list[Path]:
+    """``files`` but those that hold no tensors tclip reads (pickled Python objects only:
+    a Trainer's ``rng_state.pth``), each with a note; a file that fails otherwise stays,
+    to fail on its own turn."""
+    kept = []
+    for path in files:
+        error = no_tensors(path)
+        if error is None:
+            kept.append(path)
+            continue
+        if notes is not None:
+            notes.append((str(path), Note(NoteKind.NO_TENSORS, f"{error.detail}; left out")))
+    return kept
+
+
+def no_tensors(path: Path) -> NoTensorsError | None:
+    """Why a PyTorch file holds no tensors tclip reads (pickled Python objects only), or None
+    (it holds some, or is no such file, or fails otherwise: that is for its reader to say)."""
+    try:
+        if detect_format(path) == pytorch.NAME:
+            open_reader(path).close()
+    except NoTensorsError as error:
+        return error
+    except TclipError:
+        pass
+    return None
 
 
 def diff_input(item: str, notes: list[tuple[str, Note]] | None = None) -> str:
-    """A side of ``diff``: a file, an index, or a directory holding exactly one index
-    (a safetensors one preferred: :func:`folder_indexes`)."""
+    """A side of ``diff``: a file, an index, or a folder as the other commands take it: its
+    index (a safetensors one preferred: :func:`folder_indexes`), else its ``model.safetensors``
+    (as ``from_pretrained`` loads it, a Trainer's optimizer.pt beside it left), else its one
+    tensor file."""
     path = Path(item)
-    if not path.is_dir():
+    if not os.path.isdir(path):
         return item
     indexes = folder_indexes(path, notes)
     if len(indexes) == 1:
         return str(indexes[0])
-    if not indexes:
-        raise TclipError("is a directory without a *.index.json; name a file or an index", item)
-    raise TclipError(f"holds {len(indexes)} indexes ({', '.join(p.name for p in indexes)}); name one", item)
+    if indexes:
+        raise TclipError(f"holds {len(indexes)} indexes ({', '.join(p.name for p in indexes)}); name one", item)
+    files = [p for _, p in _folder_files(path, False, [], None)]  # (what it leaves out is not compared anyway)
+    weights = path / SAFETENSORS_SINGLE
+    if weights in files:
+        left = [p.name for p in files if p != weights]
+        if left and notes is not None:
+            notes.append((item, Note(NoteKind.FOLDER_WEIGHTS, (
+                f"holds {SAFETENSORS_SINGLE} beside {name_list(left, 3)}; comparing {SAFETENSORS_SINGLE} (the "
+                "weights from_pretrained loads) and leaving the others"))))
+        return str(weights)
+    if len(files) == 1:
+        return str(files[0])
+    if not files:
+        raise TclipError("is a directory without tensor files; name a file or an index", item)
+    raise TclipError(f"holds {len(files)} tensor files ({name_list([p.name for p in files], 3)}); name one", item)
 
 
 def _natural(text: str) -> list[Any]:

@@ -51,6 +51,8 @@ class NoteKind(enum.Enum):
     NO_OUTPUT = "a dry run found no output a real run could write"
     TASK_REPEATED = "a file's task ran twice and found the file rewritten already"
     DATA_MISSING = "the file's header lists data the file does not hold (it is truncated)"
+    NO_TENSORS = "a file of a folder or a glob holds no tensors tclip reads; it was left out"
+    FOLDER_WEIGHTS = "a folder's model weights were taken, its other tensor files left"
 
 
 class Note(Tagged):

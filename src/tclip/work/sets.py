@@ -47,7 +47,7 @@ from ..formats.sharded import (
 )
 from ..messages import Option
 from .budget import Budget
-from .companions import Companions, companions, copy_companions
+from .companions import Companions, companions, copy_companions, with_plain_files
 from .clip import file_info
 from .inputs import check_outputs, default_output
 from .journal import (
@@ -156,10 +156,31 @@ class TaskPool:
                 self.client = Client(dask_address, timeout="30s", set_as_default=False)
             except (OSError, TimeoutError, ValueError) as error:
                 raise TclipError(f"cannot reach the Dask scheduler at {dask_address} ({error})") from None
+            self._check_remote(dask_address)
             # Each worker runs its tasks with the budget given (its --memory and --threads).
             self.parallel = files
             self.task_budget = budget
             self.executor = self.client.get_executor(retries=2, pure=False)
+
+    def _check_remote(self, address: str) -> None:
+        """The tasks are tclip's functions, sent by name: a scheduler or worker that cannot import
+        tclip would fail each one with a deserialization traceback. Asked first, it is one line
+        (a cluster that refuses to run the question, or fails otherwise, is left to the tasks)."""
+        import importlib
+
+        where = "scheduler"
+        try:
+            self.client.run_on_scheduler(importlib.import_module, __name__)
+            where = "workers"
+            self.client.run(importlib.import_module, __name__)
+        except ImportError as error:  # raised there, sent back
+            self.client.close()
+            text = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+            raise TclipError(f"the Dask {where} at {address} cannot import tclip ({type(error).__name__}: {text}); "
+                             "tclip must be installed where the scheduler and every worker run too, the same "
+                             "version as here") from None
+        except Exception:  # (run_on_scheduler refused by the cluster's configuration, say): the tasks will tell
+            pass
 
     def map(self, function: Callable[..., Any], calls: list[tuple[tuple, dict[str, Any]]]) -> list[Any]:
         futures: list[Future] = [self.executor.submit(function, *args, **kwargs) for args, kwargs in calls]
@@ -268,7 +289,8 @@ def _companions(tensor_set: TensorSet, options: ClipOptions) -> Companions:
     """The checkpoint folder's other files that go with an index written to ``--out-dir``."""
     if tensor_set.index is None or options.in_place or options.out_dir is None:
         return Companions()
-    return companions(tensor_set, Path(options.out_dir))
+    return with_plain_files(companions(tensor_set, Path(options.out_dir)), tensor_set.index.parent,
+                            Path(options.out_dir))
 
 
 def planned_outputs(tensor_set: TensorSet, options: ClipOptions) -> tuple[dict[Path, Path], list[Path]]:

@@ -1,6 +1,7 @@
 """``report --summary``'s data: files in natural order (or as given), each one's largest
-tensor, the tensors whose norm changed most between consecutive files, those in which
-NaN/Inf appeared or went, and the labels that tell the files apart."""
+tensor, the tensors whose norm changed most between consecutive files (of one series:
+a step folder's model file after the previous folder's), those in which NaN/Inf appeared
+or went, and the labels that tell the files apart."""
 
 from __future__ import annotations
 
@@ -22,8 +23,38 @@ def in_natural_order(reports: list[FileReport]) -> list[FileReport]:
 
 
 def in_step_order(reports: list[FileReport], sort: str = "name") -> list[FileReport]:
-    """The order "consecutive" means: natural order of the paths, or as given (``sort="order"``)."""
-    return list(reports) if sort == "order" else in_natural_order(reports)
+    """The order "consecutive" means: natural order of the paths, or as given (``sort="order"``),
+    each series (:func:`series_of`) together, in the order they first appear."""
+    steps = list(reports) if sort == "order" else in_natural_order(reports)
+    series = series_of(steps)
+    first: dict[str, int] = {}
+    for report in steps:
+        first.setdefault(series[id(report)], len(first))
+    return sorted(steps, key=lambda r: first[series[id(r)]])
+
+
+def series_of(reports: list[FileReport]) -> dict[int, str]:
+    """Which series each report is a step of (by ``id``). Step folders -- a Trainer's
+    ``checkpoint-100/`` with ``model.safetensors``, ``optimizer.pt`` and ``scheduler.pt`` --
+    give one series per file name, so the model's rows follow the model and the optimizer's
+    the optimizer; step files (``run/step_*.safetensors``) are one series."""
+    folders: dict[str, set[str]] = {}
+    for report in reports:
+        folder, name = os.path.split(report.file)
+        folders.setdefault(name, set()).add(folder)
+    stepped = any(len(where) > 1 for where in folders.values())
+    return {id(r): os.path.basename(r.file) if stepped else "" for r in reports}
+
+
+def consecutive(steps: list[FileReport]) -> dict[int, FileReport | None]:
+    """Each report's previous step in its series (by ``id``; None for a series' first)."""
+    series = series_of(steps)
+    last: dict[str, FileReport] = {}
+    previous: dict[int, FileReport | None] = {}
+    for report in steps:
+        previous[id(report)] = last.get(series[id(report)])
+        last[series[id(report)]] = report
+    return previous
 
 
 def in_row_order(reports: list[FileReport], sort: str = "name") -> list[FileReport]:
@@ -139,11 +170,18 @@ def changes(previous: FileReport, current: FileReport, top: int = TOP_CHANGES) -
     return out[:top]
 
 
+def consecutive_pairs(steps: list[FileReport]) -> list[tuple[FileReport, FileReport]]:
+    """(previous, file) for every file of ``steps`` (in step order) that has a previous step in
+    its series (:func:`consecutive`)."""
+    before = consecutive(steps)
+    return [(previous, report) for report in steps if (previous := before[id(report)]) is not None]
+
+
 def largest_changes(steps: list[FileReport], top: int = TOP_CHANGES) -> list[tuple[dict[str, Any], str, str]]:
     """(change, previous file, file) of the ``top`` largest changes between consecutive files
     (in step order), largest first; ties in step order."""
     moves = []
-    for position, (previous, current) in enumerate(zip(steps, steps[1:])):
+    for position, (previous, current) in enumerate(consecutive_pairs(steps)):
         for change in changes(previous, current, top):
             ratio = change["ratio"]
             score = abs(math.log(ratio)) if change["kind"] == ChangeKind.RATIO.value else math.inf
@@ -158,13 +196,12 @@ def summary_json(reports: list[FileReport], name: Naming = library_name, *, sort
     largest changes since the previous file in step order."""
     naming = name
     items = []
-    ordered = in_step_order(reports, sort)
-    position = {id(r): i for i, r in enumerate(ordered)}
+    previous = consecutive(in_step_order(reports, sort))
     for report in in_row_order(reports, sort):
-        i = position[id(report)]
+        before = previous[id(report)]
         name, norm = largest_tensor(report)
         bad = [t for t in report.tensors if t.nonfinite]
-        events = nonfinite_events(ordered[i - 1], report) if i else ([], [])
+        events = nonfinite_events(before, report) if before is not None else ([], [])
         items.append(json_safe({
             "schema": SCHEMA_VERSION,
             "mode": "summary",
@@ -175,8 +212,8 @@ def summary_json(reports: list[FileReport], name: Naming = library_name, *, sort
             "largest": {"name": name, "norm": norm},
             "nonfinite": {"tensors": [t.name for t in bad], "nan": sum(t.nan for t in bad),
                           "inf": sum(t.inf for t in bad)},
-            "previous": ordered[i - 1].file if i else None,
-            "changes": changes(ordered[i - 1], report, top) if i else [],
+            "previous": before.file if before is not None else None,
+            "changes": changes(before, report, top) if before is not None else [],
             "nonfinite_appeared": events[0],
             "nonfinite_gone": events[1],
             "warnings": [spelled(w, naming) for w in report.warnings],

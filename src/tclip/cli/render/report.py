@@ -337,6 +337,11 @@ def dry_run_outputs(report: FileReport) -> str:
         exists = ""
         if report.output_exists:
             exists = " (exists: --force replaces it)" if report.overwrite else " (exists: a real run needs --force)"
+        if report.would_copy:  # a folder's model.safetensors takes the folder's other files along
+            there = sum(bool(f["exists"]) for f in report.would_copy)
+            need = "--force replaces them" if report.overwrite else "a real run needs --force"
+            exists += f", and copy {len(report.would_copy)} other file(s) of its folder" + \
+                (f" ({there} exist: {need})" if there else "")
         return f"would write {safe(report.would_write)}{exists}"
     copies = len(report.would_copy or [])
     if report.would_write:

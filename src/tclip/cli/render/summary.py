@@ -20,6 +20,7 @@ from ...text import fmt_column, name_list, safe
 from ...work.results import FileReport
 from ...work.summary import (
     TOP_CHANGES,
+    consecutive_pairs,
     file_labels,
     in_row_order,
     in_step_order,
@@ -111,7 +112,7 @@ def nonfinite_lines(steps: list[FileReport], labels: dict[str, str], width: int 
     tensors it touched, with a few of their names -- on a line of their own, indented, where
     the width leaves too little room beside the count for one whole name."""
     lines = []
-    for previous, current in zip(steps, steps[1:]):
+    for previous, current in consecutive_pairs(steps):
         appeared, gone = nonfinite_events(previous, current)
         for names, what, style in ((appeared, "appeared in", "bold red"), (gone, "gone from", "green")):
             if not names:
