@@ -37,6 +37,7 @@ import numpy as np
 
 from ..errors import FormatError, UnsupportedError
 from ._torch_pickle import PickleLimits, TensorRef, _dtype_text, flatten, kind_of, load_torch_pickle
+from .limits import NAME_BYTES, name_memory
 
 __all__ = [
     "LEGACY_MAGIC",
@@ -57,6 +58,10 @@ _ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EO
                IndexError, KeyError, struct.error, zlib.error, RuntimeError, UnicodeDecodeError, OverflowError,
                TypeError)
 _SMALL_MEMBER = 64  # byteorder, version: a few bytes each
+# An honest pickle spends at least a byte on each name it holds (a None in a list, a memo GET
+# of a tied tensor: two), plus a few: more names than that come from shared sub-trees.
+_FREE_NAMES = 64
+_WALK_PER_NAME = 32
 
 
 @dataclass(frozen=True)
@@ -391,9 +396,21 @@ def _names(root: Any, root_name: str, pickle_size: int, limits: PickleLimits, wh
     others: list[NonTensor] = []
     seen: dict[str, tuple[Any, ...]] = {}
     viewers: dict[str, list[str]] = {}
-    budget = limits.flatten_factor * pickle_size + 1_000_000
-    for leaf in flatten(root, budget=budget, max_depth=limits.max_depth, where=where, path=path):
+    honest, memory, held = pickle_size + _FREE_NAMES, name_memory(), 0
+    # The walk's nodes and path entries: honest names are a few dozen each, so neither a big
+    # pickle nor a big memo buys more walking than the names --memory allows.
+    budget = min(limits.flatten_factor * pickle_size, _WALK_PER_NAME * (memory // NAME_BYTES)) + 1_000_000
+    for count, leaf in enumerate(flatten(root, budget=budget, max_depth=limits.max_depth, where=where,
+                                         path=path), 1):
         name = ".".join(_key_text(k) for k in leaf.path) if leaf.path else root_name
+        held += NAME_BYTES + len(name)
+        if count > honest:
+            raise UnsupportedError(f"{where}: the pickle names more than {honest} entries in its {pickle_size} "
+                                   "bytes: its containers share sub-trees (a pickle bomb?)", path)
+        if held > memory:
+            raise UnsupportedError(f"{where}: the file names more than {count - 1} entries, more than --memory "
+                                   f"({memory / 2**20:.0f} MiB, {NAME_BYTES} bytes a name) holds; raise --memory",
+                                   path)
         if name in seen:
             raise UnsupportedError(
                 f"two entries flatten to the name {name!r} (keys {_path_text(seen[name])} and "
