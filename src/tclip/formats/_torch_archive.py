@@ -476,9 +476,9 @@ def read_tensor(archive: TorchArchive, name: str) -> np.ndarray:
         raw = os.pread(handle.fileno(), (stop - first) * itemsize, storage.offset + first * itemsize)
     if len(raw) != (stop - first) * itemsize:
         raise FormatError(f"tensor {name!r}: the file ends inside its data", archive.path)
-    flat = np.frombuffer(raw, dtype=tensor.dtype)
+    flat = np.frombuffer(raw, dtype=np.dtype((np.void, itemsize)))  # (as in torch._strided: float8_e5m2)
     view = np.lib.stride_tricks.as_strided(flat, tensor.shape, [s * itemsize for s in tensor.stride],
-                                           writeable=False)
+                                           writeable=False).view(tensor.dtype)
     values = np.array(view, order="C")
     if tensor.conj:
         values = np.conj(values)

@@ -177,7 +177,11 @@ def _pieces(view: View, lo: tuple[int, ...], extent: tuple[int, ...]) -> Iterato
 
 def _strided(buffer: np.ndarray, ref: TensorRef, sizes: tuple[int, ...], writeable: bool = False) -> np.ndarray:
     itemsize = ref.dtype.itemsize
-    return np.lib.stride_tricks.as_strided(buffer, sizes, [s * itemsize for s in ref.stride], writeable=writeable)
+    # as_strided goes through __array_interface__, whose type text NumPy cannot parse back for
+    # some ml_dtypes types ('<f1' of float8_e5m2): stride raw items, then view them as the dtype
+    raw = buffer.view(np.dtype((np.void, itemsize)))
+    strided = np.lib.stride_tricks.as_strided(raw, sizes, [s * itemsize for s in ref.stride], writeable=writeable)
+    return strided.view(ref.dtype)
 
 
 def _optimizer_prefixes(others: Any) -> set[str]:
