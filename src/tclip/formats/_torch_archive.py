@@ -23,6 +23,7 @@ the pre-1.0 tar format are refused with a message naming them.
 
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 import struct
@@ -113,6 +114,8 @@ class TorchArchive:
             the whole chain of pickles before the storages).
         shared: storage key -> names of the tensors viewing it, for storages viewed
             by more than one name (tied weights, slices of one buffer).
+        crc32: whether the zip carries CRC-32s: False for a file saved with
+            ``torch.serialization.set_crc32_options(False)``, whose members all have CRC 0.
     """
 
     path: Path
@@ -126,6 +129,7 @@ class TorchArchive:
     others: list[NonTensor]
     pickle_member: tuple[int, int]
     shared: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    crc32: bool = True
 
 
 # --------------------------------------------------------------------------- sniffing
@@ -223,13 +227,18 @@ def _load_zip(path: Path, handle: Any, limits: PickleLimits, root_name: str) -> 
         raise FormatError(f"not a torch.save archive: no member {pickle_name!r}", path)
     file_size = os.fstat(handle.fileno()).st_size
     end_of_data = min(getattr(archive, "start_dir", file_size), file_size)
-    byteorder = _small_record(archive, by_name.get(f"{prefix}/byteorder"), path)
+    # torch.save with set_crc32_options(False) writes CRC 0 for every member and torch.load
+    # accepts it. Damage does not zero every CRC: one 0 among real CRCs is a failed check
+    # (a pickle's CRC is never 0 by chance in practice: it is 1 value in 2**32).
+    crc32 = any(info.CRC for info in infos)
+    record = functools.partial(_small_record, archive, crc32=crc32, fd=handle.fileno(), end_of_data=end_of_data,
+                               path=path)
+    byteorder = record(by_name.get(f"{prefix}/byteorder"))
     if byteorder is None:
         byteorder = "little"  # files before torch 1.12 have no record; torch reads them as little
     elif byteorder not in ("little", "big"):
         raise FormatError(f"unknown byte order {byteorder[:20]!r} in {prefix}/byteorder", path)
-    version = _small_record(archive, by_name.get(f"{prefix}/version") or by_name.get(f"{prefix}/.data/version"),
-                            path)
+    version = record(by_name.get(f"{prefix}/version") or by_name.get(f"{prefix}/.data/version"))
 
     fd = handle.fileno()
     pickle_info = by_name[pickle_name]
@@ -240,7 +249,7 @@ def _load_zip(path: Path, handle: Any, limits: PickleLimits, root_name: str) -> 
     data = os.pread(fd, pickle_info.file_size, pickle_offset)
     if len(data) != pickle_info.file_size:
         raise FormatError(f"member {pickle_name!r} is truncated", path)
-    if zlib.crc32(data) != pickle_info.CRC:
+    if crc32 and zlib.crc32(data) != pickle_info.CRC:
         raise FormatError(f"member {pickle_name!r} fails its CRC-32 check (the file is damaged)", path)
     result = load_torch_pickle(data, byteorder=byteorder, limits=limits, where=pickle_name, path=path)
 
@@ -262,14 +271,18 @@ def _load_zip(path: Path, handle: Any, limits: PickleLimits, root_name: str) -> 
     tensors, others, shared = _names(result.root, root_name, len(data), limits, pickle_name, path)
     _check_views(tensors, storages, path)
     return TorchArchive(path, "zip", prefix, byteorder, version, result.root, tensors, storages, others,
-                        (pickle_offset, pickle_info.file_size), shared)
+                        (pickle_offset, pickle_info.file_size), shared, crc32)
 
 
-def _small_record(archive: zipfile.ZipFile, info: zipfile.ZipInfo | None, path: Path) -> str | None:
+def _small_record(archive: zipfile.ZipFile, info: zipfile.ZipInfo | None, *, crc32: bool, fd: int,
+                  end_of_data: int, path: Path) -> str | None:
     if info is None:
         return None
     if info.file_size > _SMALL_MEMBER:
         raise FormatError(f"member {info.filename!r} is {info.file_size} bytes, expected a few", path)
+    if not crc32:  # zipfile would refuse its CRC 0: read the stored bytes directly
+        raw = os.pread(fd, info.file_size, _data_offset(info, fd, end_of_data, path))
+        return raw.decode("ascii", "replace").strip()
     try:
         with archive.open(info) as member:
             raw = member.read(_SMALL_MEMBER + 1)

@@ -22,7 +22,8 @@ rewritten tensors' elements are written where their views put them, so the pickl
 the zip structure, the member order and the 64-byte alignment stay byte for byte.
 The CRC-32 of every rewritten member is set anew (in its local header where it is
 there, its data descriptor and the central directory): ``torch.load`` does not check
-them, but zip tools do. A storage viewed by several tensors is written once per
+them, but zip tools do. A file saved with CRC-32s off (``set_crc32_options(False)``: every
+member's CRC is 0) is read without checking them and rewritten with them left 0. A storage viewed by several tensors is written once per
 element: identical views (tied weights) by the first of them; whether several views
 may be clipped at all is decided before any writing (:mod:`tclip.work.tied`).
 Writing a PyTorch file from another format is refused: there is no pickle to keep.
@@ -454,7 +455,9 @@ class TorchWriter(TensorWriter):
         self._runs: dict[str, list[tuple[int, int, int]]] = {}  # storage key -> (file offset, bytes, crc)
         size = os.fstat(like._fd).st_size
         self._size = size
-        self._members = self._locate_members() if like.archive.format == "zip" else {}
+        # A file saved with CRC-32s off keeps them off (0): one real CRC among zeros would
+        # read as damage, here and in zip tools alike.
+        self._members = self._locate_members() if like.archive.format == "zip" and like.archive.crc32 else {}
         holes = [(like.views[n].first_byte, like.views[n].ref.nbytes) for n in names
                  if like.views[n].dense and n not in self._silent
                  and like.views[n].storage.key not in self._locks]
