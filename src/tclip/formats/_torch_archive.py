@@ -254,7 +254,7 @@ def _load_zip(path: Path, handle: Any, limits: PickleLimits, root_name: str) -> 
     result = load_torch_pickle(data, byteorder=byteorder, limits=limits, where=pickle_name, path=path)
 
     storages: dict[str, StorageInfo] = {}
-    regions = [(pickle_info.header_offset, pickle_offset + pickle_info.file_size, pickle_name)]
+    regions = [(pickle_info.header_offset, _member_end(pickle_info, pickle_offset, fd), pickle_name)]
     for key, ref in result.storages.items():
         member = f"{prefix}/data/{key}"
         info = by_name.get(member)
@@ -266,7 +266,13 @@ def _load_zip(path: Path, handle: Any, limits: PickleLimits, root_name: str) -> 
                 f"storage {key!r}: member {member!r} holds {info.file_size} bytes, the pickle declares "
                 f"{ref.numel} x {_dtype_text(ref.dtype)} = {ref.nbytes} bytes", path)
         storages[key] = StorageInfo(key, member, ref.dtype, ref.numel, offset, ref.nbytes, ref.location)
-        regions.append((info.header_offset, offset + info.file_size, member))
+        regions.append((info.header_offset, _member_end(info, offset, fd), member))
+    # Every other member and the directory too: a storage running over them (the byteorder
+    # record, a local header) would be rewritten into them, and the output fail to load.
+    located = {pickle_name, *(s.member for s in storages.values())}
+    regions += [(info.header_offset, _member_end(info, None, fd), info.filename) for info in infos
+                if info.filename not in located]
+    regions.append((end_of_data, max(file_size, end_of_data + 1), "the zip's central directory"))
     _check_disjoint(regions, path)
     tensors, others, shared = _names(result.root, root_name, len(data), limits, pickle_name, path)
     _check_views(tensors, storages, path)
@@ -327,6 +333,21 @@ def _data_offset(info: zipfile.ZipInfo, fd: int, end_of_data: int, path: Path) -
         raise FormatError(f"member {name!r} runs past the end of the data ({start + info.file_size} > "
                           f"{end_of_data}): the file is truncated", path)
     return start
+
+
+def _member_end(info: zipfile.ZipInfo, start: int | None, fd: int) -> int:
+    """Where a member's bytes end: its data, and the data descriptor after it when its flags
+    say there is one. ``start``: where its data starts, None to take it from its local header
+    (as written: a member tclip does not read is not checked further)."""
+    if start is None:
+        header = os.pread(fd, _LOCAL_HEADER.size, info.header_offset)
+        lengths = _LOCAL_HEADER.unpack(header)[-2:] if len(header) == _LOCAL_HEADER.size else (0, 0)
+        start = info.header_offset + _LOCAL_HEADER.size + sum(lengths)
+    end = start + info.compress_size
+    if info.flag_bits & 0x8:
+        wide = max(info.compress_size, info.file_size) >= 0xFFFFFFFF  # zip64: 8-byte sizes
+        end += (20 if wide else 12) + (4 if os.pread(fd, 4, end) == b"PK\x07\x08" else 0)
+    return end
 
 
 def _check_disjoint(regions: list[tuple[int, int, str]], path: Path) -> None:
