@@ -205,6 +205,9 @@ def _load_zip(path: Path, handle: Any, limits: PickleLimits, root_name: str) -> 
     try:
         archive = zipfile.ZipFile(handle)
     except _ZIP_ERRORS as error:
+        cut = _truncation(handle.fileno())
+        if cut is not None:
+            raise FormatError(f"file is truncated: {cut}", path) from None
         raise FormatError(f"not a valid zip archive ({_first_line(error)})", path) from None
     infos = archive.infolist()
     if not infos:
@@ -348,6 +351,125 @@ def _member_end(info: zipfile.ZipInfo, start: int | None, fd: int) -> int:
         wide = max(info.compress_size, info.file_size) >= 0xFFFFFFFF  # zip64: 8-byte sizes
         end += (20 if wide else 12) + (4 if os.pread(fd, 4, end) == b"PK\x07\x08" else 0)
     return end
+
+
+# --------------------------------------------------------------------------- files cut short
+
+_DIRECTORY_SIGNATURES = (b"PK\x01\x02", b"PK\x06\x06", b"PK\x06\x07", b"PK\x05\x06")
+
+
+def _truncation(fd: int) -> str | None:
+    """Why a zip that zipfile refuses was cut short, or None when the bytes do not say so.
+
+    The evidence: local headers follow one another from byte 0 as a writer leaves them
+    (each member's size from its header, or from the data descriptor after its data, as
+    torch writes them), then the central directory's entries, and the bytes end inside one
+    of them, before the end record. Garbage anywhere on the way is no evidence.
+    """
+    size = os.fstat(fd).st_size
+    if size < _LOCAL_HEADER.size:
+        return None
+    with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as data:
+        members: dict[str, tuple[int, int]] = {}  # name -> (data offset, size), for members found whole
+        position = 0
+        while True:
+            head = data[position:position + 4]
+            if head in _DIRECTORY_SIGNATURES or (position == size and members):
+                return _directory_truncation(data, position, size)
+            if position + _LOCAL_HEADER.size > size:
+                return (f"it ends at byte {size}, inside the local header of a member at byte {position} "
+                        f"(expected at least {position + _LOCAL_HEADER.size} bytes)"
+                        if members and b"PK\x03\x04".startswith(head) else None)
+            fields = _LOCAL_HEADER.unpack_from(data, position)
+            signature, flags, method, csize, name_length, extra_length = (fields[0], fields[2], fields[3],
+                                                                          fields[7], fields[9], fields[10])
+            start = position + _LOCAL_HEADER.size + name_length + extra_length
+            if signature != b"PK\x03\x04" or method not in (0, 8) or not name_length:
+                return None
+            if position + _LOCAL_HEADER.size + name_length > size:  # the first name whole, or no evidence
+                return (f"it ends at byte {size}, inside the local header of a member at byte {position} "
+                        f"(expected at least {start} bytes)" if members else None)
+            name = data[position + _LOCAL_HEADER.size:position + _LOCAL_HEADER.size + name_length].decode(
+                "utf-8", "replace")
+            if start > size:
+                return (f"it ends at byte {size}, inside the local header of member {name!r} "
+                        f"(expected at least {start} bytes)")
+            if not flags & 0x8 and csize != 0xFFFFFFFF:
+                end = next_position = start + csize
+            else:
+                found = _descriptor_after(data, start, method)
+                if found is None:
+                    return _cut_member(data, members, name, start, size)
+                end, next_position = found
+            if end > size:
+                return (f"it ends at byte {size}, inside member {name!r} ({end - start} bytes from byte "
+                        f"{start}): expected at least {end} bytes")
+            members[name] = (start, end - start)
+            position = next_position
+
+
+def _descriptor_after(data: Any, start: int, method: int) -> tuple[int, int] | None:
+    """``(end of the data, end of the descriptor)`` of the member whose data starts at ``start``:
+    the first data descriptor after it whose size is the distance to it."""
+    found = data.find(b"PK\x07\x08", start)
+    while found >= 0:
+        length = found - start
+        for layout, span in (("<LLL", 16), ("<LQQ", 24)):
+            if found + span <= len(data):
+                _, packed, real = struct.unpack_from(layout, data, found + 4)
+                if packed == length and (method != 0 or real == length):
+                    return found, found + span
+        found = data.find(b"PK\x07\x08", found + 1)
+    return None
+
+
+def _cut_member(data: Any, members: dict[str, tuple[int, int]], name: str, start: int, size: int) -> str:
+    """The member the file ends in, with the size its pickle declares when it is a storage."""
+    prefix, _, rest = name.partition("/")
+    key = rest[len("data/"):] if rest.startswith("data/") else None
+    pickle = members.get(f"{prefix}/data.pkl")
+    if key is not None and pickle is not None:
+        try:
+            declared = load_torch_pickle(data[pickle[0]:pickle[0] + pickle[1]]).storages.get(key)
+        except (FormatError, UnsupportedError):
+            declared = None
+        if declared is not None:
+            return (f"it ends at byte {size}, inside storage {name!r}, which the pickle declares as "
+                    f"{declared.nbytes} bytes: expected at least {start + declared.nbytes} bytes")
+    return f"it ends at byte {size}, inside the data of member {name!r} (from byte {start})"
+
+
+def _directory_truncation(data: Any, position: int, size: int) -> str | None:
+    """Walk the central directory's records from ``position``: the end it runs into, or None
+    when the end record is whole (the zip is damaged, not cut short)."""
+    while True:
+        head = data[position:position + 4]
+        if position + 4 > size:
+            if not b"PK".startswith(head[:2]):
+                return None
+            return f"it ends at byte {size}, before the zip's central directory or within it, without its end record"
+        if head == b"PK\x01\x02":
+            if position + 46 > size:
+                needed = position + 46
+            else:
+                lengths = struct.unpack_from("<3H", data, position + 28)
+                needed = position + 46 + sum(lengths)
+        elif head == b"PK\x06\x06":
+            needed = position + 12 + (struct.unpack_from("<Q", data, position + 4)[0] if position + 12 <= size
+                                      else 0)
+        elif head == b"PK\x06\x07":
+            needed = position + 20
+        elif head == b"PK\x05\x06":
+            needed = position + 22 + (struct.unpack_from("<H", data, position + 20)[0] if position + 22 <= size
+                                      else 0)
+            if needed <= size:
+                return None
+        else:
+            return None
+        if needed > size:
+            return (f"it ends at byte {size}, in the zip's central directory "
+                    f"(expected at least {needed} bytes)")
+        position = needed
 
 
 def _check_disjoint(regions: list[tuple[int, int, str]], path: Path) -> None:
