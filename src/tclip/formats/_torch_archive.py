@@ -273,8 +273,8 @@ def _load_zip(path: Path, handle: Any, limits: PickleLimits, root_name: str) -> 
     # Every other member and the directory too: a storage running over them (the byteorder
     # record, a local header) would be rewritten into them, and the output fail to load.
     located = {pickle_name, *(s.member for s in storages.values())}
-    regions += [(info.header_offset, _member_end(info, None, fd), info.filename) for info in infos
-                if info.filename not in located]
+    regions += [(other.header_offset, _member_end(other, None, fd), other.filename) for other in infos
+                if other.filename not in located]
     regions.append((end_of_data, max(file_size, end_of_data + 1), "the zip's central directory"))
     _check_disjoint(regions, path)
     tensors, others, shared = _names(result.root, root_name, len(data), limits, pickle_name, path)
