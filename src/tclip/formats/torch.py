@@ -24,8 +24,9 @@ The CRC-32 of every rewritten member is set anew (in its local header where it i
 there, its data descriptor and the central directory): ``torch.load`` does not check
 them, but zip tools do. A file saved with CRC-32s off (``set_crc32_options(False)``:
 every member's CRC is 0) is read without checking them and rewritten with them left 0.
-A storage viewed by several tensors is written once per element: identical views (tied weights) by the first of them; whether several views
-may be clipped at all is decided before any writing (:mod:`tclip.work.tied`).
+A storage viewed by several tensors is written once per element: identical views (tied
+weights) by the first of them; whether several views may be clipped at all is decided
+before any writing (:mod:`tclip.work.tied`).
 Writing a PyTorch file from another format is refused: there is no pickle to keep.
 """
 
