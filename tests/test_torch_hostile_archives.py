@@ -313,6 +313,17 @@ def test_a_file_saved_with_crc32_off_is_read_and_clipped(tmp_path):
     np.testing.assert_allclose(float(loaded["w"].norm()), 1, rtol=1e-6)
 
 
+def test_a_hand_made_file_with_crc32_off_is_read_and_rewritten(tmp_path):
+    path = th.save_arrays(tmp_path / "t.pt", {"w": np.arange(4, dtype=np.float32) * 3}, crc32=False)
+    out = tmp_path / "out.pt"
+    result = run("norm", "--clip", "1", "-o", out, path)
+    assert result.exit_code == 0, result.output
+    with zipfile.ZipFile(out) as archive:
+        assert {i.CRC for i in archive.infolist()} == {0}
+    with open_reader(out) as reader:
+        np.testing.assert_allclose(reader.read("w"), np.arange(4) / np.linalg.norm(np.arange(4)), rtol=1e-6)
+
+
 def test_one_zero_crc_among_real_ones_is_damage(tmp_path):
     path = th.save_arrays(tmp_path / "t.pt", {"w": np.arange(4, dtype=np.float32)})
     raw = bytearray(path.read_bytes())
