@@ -1,6 +1,7 @@
 """Mutation fuzzing of every command over every format (issue 21.13): damaged copies of real files
 (.npy, .npz stored and deflated, safetensors, HDF5 contiguous, chunked, compressed, with attributes,
-of the newer file format, PyTorch zips with CRC-32s on and off) through `info`, `report`, `norm` and `diff`, each in its own process.
+of the newer file format, PyTorch zips with CRC-32s on and off) through `info`, `report`, `norm` and
+`diff`, each in its own process.
 
 A command ends with 0, 1 or 3, prints no traceback and no internal error, leaves its input as it was
 and nothing but its output beside it (see tests/fuzz_helpers.py). The cases are fixed (seeded by the
