@@ -249,6 +249,12 @@ def test_an_empty_view_far_past_its_storage_is_an_empty_tensor(tmp_path):
     assert result.exit_code == 0, result.output
     result = run("diff", path, out)  # the empty views equal, w clipped
     assert result.exit_code == 3 and "2 tensor(s) equal" in result.output, result.output
+    out = tmp_path / "global.pt"  # every tensor rewritten, the empty ones too
+    result = run("global", "--clip", "1", "-o", out, path)
+    assert result.exit_code == 0, result.output
+    with open_reader(out) as reader:
+        np.testing.assert_allclose(reader.read("w"), storage / np.linalg.norm(storage), rtol=1e-6)
+        assert reader.read("e").shape == (0,)
 
 
 # --------------------------------------------------------------------------- item 15: float8_e5m2 views, CRC off

@@ -459,8 +459,9 @@ class TorchWriter(TensorWriter):
         # A file saved with CRC-32s off keeps them off (0): one real CRC among zeros would
         # read as damage, here and in zip tools alike.
         self._members = self._locate_members() if like.archive.format == "zip" and like.archive.crc32 else {}
+        # (an empty view has no bytes, and its offset may lie anywhere: torch loads one at 2**62)
         holes = [(like.views[n].first_byte, like.views[n].ref.nbytes) for n in names
-                 if like.views[n].dense and n not in self._silent
+                 if like.views[n].dense and n not in self._silent and like.views[n].ref.nbytes
                  and like.views[n].storage.key not in self._locks]
         self._fd = output.open()
         try:
