@@ -257,7 +257,8 @@ def _load_zip(path: Path, handle: Any, limits: PickleLimits, root_name: str) -> 
     result = load_torch_pickle(data, byteorder=byteorder, limits=limits, where=pickle_name, path=path)
 
     storages: dict[str, StorageInfo] = {}
-    regions = [(pickle_info.header_offset, _member_end(pickle_info, pickle_offset, fd), pickle_name)]
+    regions = [(pickle_info.header_offset, _member_end(pickle_info, pickle_offset, fd, file_size),
+                pickle_name)]
     for key, ref in result.storages.items():
         member = f"{prefix}/data/{key}"
         info = by_name.get(member)
@@ -269,12 +270,12 @@ def _load_zip(path: Path, handle: Any, limits: PickleLimits, root_name: str) -> 
                 f"storage {key!r}: member {member!r} holds {info.file_size} bytes, the pickle declares "
                 f"{ref.numel} x {_dtype_text(ref.dtype)} = {ref.nbytes} bytes", path)
         storages[key] = StorageInfo(key, member, ref.dtype, ref.numel, offset, ref.nbytes, ref.location)
-        regions.append((info.header_offset, _member_end(info, offset, fd), member))
+        regions.append((info.header_offset, _member_end(info, offset, fd, file_size), member))
     # Every other member and the directory too: a storage running over them (the byteorder
     # record, a local header) would be rewritten into them, and the output fail to load.
     located = {pickle_name, *(s.member for s in storages.values())}
-    regions += [(other.header_offset, _member_end(other, None, fd), other.filename) for other in infos
-                if other.filename not in located]
+    regions += [(other.header_offset, _member_end(other, None, fd, file_size), other.filename)
+                for other in infos if other.filename not in located]
     regions.append((end_of_data, max(file_size, end_of_data + 1), "the zip's central directory"))
     _check_disjoint(regions, path)
     tensors, others, shared = _names(result.root, root_name, len(data), limits, pickle_name, path)
@@ -338,16 +339,17 @@ def _data_offset(info: zipfile.ZipInfo, fd: int, end_of_data: int, path: Path) -
     return start
 
 
-def _member_end(info: zipfile.ZipInfo, start: int | None, fd: int) -> int:
+def _member_end(info: zipfile.ZipInfo, start: int | None, fd: int, file_size: int) -> int:
     """Where a member's bytes end: its data, and the data descriptor after it when its flags
     say there is one. ``start``: where its data starts, None to take it from its local header
     (as written: a member tclip does not read is not checked further)."""
     if start is None:
-        header = os.pread(fd, _LOCAL_HEADER.size, info.header_offset)
-        lengths = _LOCAL_HEADER.unpack(header)[-2:] if len(header) == _LOCAL_HEADER.size else (0, 0)
-        start = info.header_offset + _LOCAL_HEADER.size + sum(lengths)
+        start = info.header_offset + _LOCAL_HEADER.size
+        if start <= file_size:
+            lengths = _LOCAL_HEADER.unpack(os.pread(fd, _LOCAL_HEADER.size, info.header_offset))[-2:]
+            start += sum(lengths)
     end = start + info.compress_size
-    if info.flag_bits & 0x8:
+    if info.flag_bits & 0x8 and end < file_size:
         wide = max(info.compress_size, info.file_size) >= 0xFFFFFFFF  # zip64: 8-byte sizes
         end += (20 if wide else 12) + (4 if os.pread(fd, 4, end) == b"PK\x07\x08" else 0)
     return end
