@@ -302,8 +302,9 @@ class PickleLimits:
         max_marks: MARKs open at once.
         max_depth: nesting of containers in the result.
         flatten_factor: the walk over the result may visit at most
-            ``flatten_factor * len(pickle) + 1_000_000`` nodes and name characters,
-            so shared sub-trees cannot multiply the work.
+            ``flatten_factor * len(pickle) + 1_000_000`` nodes and path entries (less
+            when the names ``--memory`` allows need less: :mod:`._torch_archive`), so
+            shared sub-trees cannot multiply the work.
     """
 
     max_bytes: int = 64 << 20
