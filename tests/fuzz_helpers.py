@@ -213,6 +213,19 @@ def _zip_structure(data: bytes) -> tuple[tuple[int, int], ...]:
     return _complement(ranges, len(data))
 
 
+def _torch_structure(data: bytes) -> tuple[tuple[int, int], ...]:
+    """Everything of a torch.save zip but its storages' bytes: headers, the pickle, the records."""
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        ranges = []
+        for info in archive.infolist():
+            if "/data/" in info.filename:
+                local = info.header_offset
+                start = local + 30 + int.from_bytes(data[local + 26:local + 28], "little") \
+                    + int.from_bytes(data[local + 28:local + 30], "little")
+                ranges.append((start, start + info.compress_size))
+    return _complement(ranges, len(data))
+
+
 def make_seeds(folder: Path) -> dict[str, Seed]:
     """The valid files every case starts from, by name."""
     seeds: dict[str, Seed] = {}
@@ -236,6 +249,14 @@ def make_seeds(folder: Path) -> dict[str, Seed]:
     data = _safetensors(tensors, {"format": "pt"})
     header = 8 + int.from_bytes(data[:8], "little")
     seeds["safetensors"] = Seed("safetensors", ".safetensors", data, ((0, header),))
+    import torch_helpers  # (beside this file: tests/ is on the path under pytest and when run directly)
+
+    # torch's zip layout; with CRC-32s off (all 0, as set_crc32_options(False) writes), damage to the
+    # pickle reaches the interpreter instead of failing the pickle's CRC
+    for name, crc32 in (("pt", True), ("pt-crc-off", False)):
+        path = torch_helpers.save_arrays(folder / f"{name}.pt", tensors, crc32=crc32)
+        data = path.read_bytes()
+        seeds[name] = Seed(name, ".pt", data, _torch_structure(data))
     return seeds
 
 

@@ -1,6 +1,7 @@
 """Mutation fuzzing of every command over every format (issue 21.13): damaged copies of real files
 (.npy, .npz stored and deflated, safetensors, HDF5 contiguous, chunked, compressed, with attributes,
-of the newer file format) through `info`, `report`, `norm` and `diff`, each in its own process.
+of the newer file format, PyTorch zips with CRC-32s on and off) through `info`, `report`, `norm` and
+`diff`, each in its own process.
 
 A command ends with 0, 1 or 3, prints no traceback and no internal error, leaves its input as it was
 and nothing but its output beside it (see tests/fuzz_helpers.py). The cases are fixed (seeded by the
@@ -16,7 +17,7 @@ import pytest
 from fuzz_helpers import CommandServer, flipped, make_seeds, run_case, run_payload, write_references
 
 SEEDS = ["h5-attributes", "h5-chunked-compressed", "h5-chunked-raw", "h5-latest", "h5-many-chunks",
-         "h5-latest-indexes", "npy", "npy-fortran", "npz", "npz-deflated", "safetensors"]
+         "h5-latest-indexes", "npy", "npy-fortran", "npz", "npz-deflated", "pt", "pt-crc-off", "safetensors"]
 CASES = int(os.environ.get("TCLIP_FUZZ_EXAMPLES", "0")) or 1
 
 # Cases that once failed, replayed as the bits they flip.

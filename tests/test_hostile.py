@@ -68,6 +68,9 @@ def valid_files(folder: Path) -> dict[str, bytes]:
     out["h5"] = (folder / "seed.h5").read_bytes()
     out["pt"] = torch_helpers.save_arrays(folder / "seed.pt", tensors, values={"step": torch_helpers.num(3)}).read_bytes()
     out["pt-torch"] = (TORCH_FIXTURES / "views.pt").read_bytes()  # torch's own layout, views, tied storages
+    # CRC-32s off (every CRC 0, as set_crc32_options(False) writes): damage reaches the pickle unchecked
+    out["pt-crc-off"] = torch_helpers.save_arrays(folder / "nocrc.pt", tensors, crc32=False,
+                                                  values={"step": torch_helpers.num(3)}).read_bytes()
     out["pt-legacy"] = (TORCH_FIXTURES / "legacy_state_dict.pt").read_bytes()
     for kind, order in (("gguf", "<"), ("gguf-be", ">")):  # quantized blocks, metadata arrays, both byte orders
         blocks = {8: gguf_helpers.random_blocks(8, 16, RNG, d=0.02), 12: gguf_helpers.random_blocks(12, 2, RNG)}
@@ -84,7 +87,7 @@ def valid_files(folder: Path) -> dict[str, bytes]:
 
 TORCH_FIXTURES = Path(__file__).parent / "fixtures" / "torch"
 SUFFIX = {"safetensors": ".safetensors", "npz": ".npz", "npz-deflated": ".npz", "npy": ".npy", "h5": ".h5",
-          "pt": ".pt", "pt-torch": ".pt", "pt-legacy": ".pt", "gguf": ".gguf", "gguf-be": ".gguf"}
+          "pt": ".pt", "pt-torch": ".pt", "pt-crc-off": ".pt", "pt-legacy": ".pt", "gguf": ".gguf", "gguf-be": ".gguf"}
 
 
 @st.composite

@@ -89,9 +89,10 @@ def tensor_opcodes(view: View, storage: np.ndarray) -> bytes:
 
 def save(path: Path, storages: dict[str, np.ndarray], views: dict[str, View], *,
          values: dict[str, bytes] | None = None, prefix: str = "archive", descriptors: bool = True,
-         byteorder: str = "little") -> Path:
+         byteorder: str = "little", crc32: bool = True) -> Path:
     """A torch.save zip of ``views`` (name -> view of a 1-D storage array) and plain
-    ``values`` (name -> opcodes of a scalar, see :func:`num` and :func:`real`), in that order."""
+    ``values`` (name -> opcodes of a scalar, see :func:`num` and :func:`real`), in that order
+    (``crc32=False``: every CRC 0, as torch writes with ``set_crc32_options(False)``)."""
     pairs = [(name, tensor_opcodes(view, storages[view.key])) for name, view in views.items()]
     pairs += list((values or {}).items())
     pickle = b"\x80\x02" + mapping(pairs) + b"."
@@ -101,7 +102,7 @@ def save(path: Path, storages: dict[str, np.ndarray], views: dict[str, View], *,
         data = array.astype(array.dtype.newbyteorder(order)) if array.dtype.itemsize > 1 else array
         members.append((f"data/{key}", np.ascontiguousarray(data).tobytes()))
     members.append(("version", b"3\n"))
-    Path(path).write_bytes(zip_archive([(f"{prefix}/{name}", data) for name, data in members], descriptors))
+    Path(path).write_bytes(zip_archive([(f"{prefix}/{name}", data) for name, data in members], descriptors, crc32))
     return Path(path)
 
 
@@ -116,11 +117,11 @@ _LOCAL = struct.Struct("<4s5H3L2H")
 _CENTRAL = struct.Struct("<4s6H3L5H2L")
 
 
-def zip_archive(members: list[tuple[str, bytes]], descriptors: bool = True) -> bytes:
+def zip_archive(members: list[tuple[str, bytes]], descriptors: bool = True, crc32: bool = True) -> bytes:
     body, central = bytearray(), bytearray()
     for name, data in members:
         raw = name.encode()
-        crc = zlib.crc32(data)
+        crc = zlib.crc32(data) if crc32 else 0
         offset = len(body)
         # pad with an extra field so the data starts 64-byte aligned, as torch does
         start = offset + _LOCAL.size + len(raw) + 4

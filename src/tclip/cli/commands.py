@@ -59,9 +59,11 @@ def cli() -> None:
 
 
 def _clip(ctx: click.Context, mode_factory: Callable[[], Any], kwargs: dict[str, Any]) -> None:
+    from ..formats.limits import names_within
     from .runner import run_clip
 
-    ctx.exit(run_clip(mode_factory(), **kwargs))
+    with names_within(kwargs["memory"]):  # what a file's names may take, as its tensors
+        ctx.exit(run_clip(mode_factory(), **kwargs))
 
 
 def _check_outputs(output: Path | None, out_dir: Path | None, in_place: bool, files: tuple[str, ...]) -> None:
@@ -247,9 +249,11 @@ def report_command(ctx: click.Context, **kwargs: Any) -> None:
         # One row per file has no room for per-tensor statistics: say so, never ignore it.
         raise click.UsageError("--stats shows per-tensor statistics and --summary one row per file; use one of them")
     _check_history_options(kwargs)
+    from ..formats.limits import names_within
     from .runner import run_report
 
-    ctx.exit(run_report(**kwargs))
+    with names_within(kwargs["memory"]):
+        ctx.exit(run_report(**kwargs))
 
 
 def _check_history_options(kwargs: dict[str, Any]) -> None:
@@ -327,8 +331,10 @@ def diff_command(ctx: click.Context, **kwargs: Any) -> None:
         tclip diff --rtol 1e-3 --map 'model.*=*' a.safetensors b.h5
         tclip diff --tensors-only model-f32.gguf model.safetensors
     """
+    from ..formats.limits import names_within
     from .runner import run_diff
 
-    ctx.exit(run_diff(**kwargs))
+    with names_within(kwargs["memory"]):
+        ctx.exit(run_diff(**kwargs))
 
 

@@ -23,6 +23,7 @@ the pre-1.0 tar format are refused with a message naming them.
 
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 import struct
@@ -37,6 +38,7 @@ import numpy as np
 
 from ..errors import FormatError, UnsupportedError
 from ._torch_pickle import PickleLimits, TensorRef, _dtype_text, flatten, kind_of, load_torch_pickle
+from .limits import NAME_BYTES, name_memory
 
 __all__ = [
     "LEGACY_MAGIC",
@@ -57,6 +59,10 @@ _ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EO
                IndexError, KeyError, struct.error, zlib.error, RuntimeError, UnicodeDecodeError, OverflowError,
                TypeError)
 _SMALL_MEMBER = 64  # byteorder, version: a few bytes each
+# An honest pickle spends at least a byte on each name it holds (a None in a list, a memo GET
+# of a tied tensor: two), plus a few: more names than that come from shared sub-trees.
+_FREE_NAMES = 64
+_WALK_PER_NAME = 32
 
 
 @dataclass(frozen=True)
@@ -108,6 +114,8 @@ class TorchArchive:
             the whole chain of pickles before the storages).
         shared: storage key -> names of the tensors viewing it, for storages viewed
             by more than one name (tied weights, slices of one buffer).
+        crc32: whether the zip carries CRC-32s: False for a file saved with
+            ``torch.serialization.set_crc32_options(False)``, whose members all have CRC 0.
     """
 
     path: Path
@@ -121,6 +129,7 @@ class TorchArchive:
     others: list[NonTensor]
     pickle_member: tuple[int, int]
     shared: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    crc32: bool = True
 
 
 # --------------------------------------------------------------------------- sniffing
@@ -196,6 +205,9 @@ def _load_zip(path: Path, handle: Any, limits: PickleLimits, root_name: str) -> 
     try:
         archive = zipfile.ZipFile(handle)
     except _ZIP_ERRORS as error:
+        cut = _truncation(handle.fileno())
+        if cut is not None:
+            raise FormatError(f"file is truncated: {cut}", path) from None
         raise FormatError(f"not a valid zip archive ({_first_line(error)})", path) from None
     infos = archive.infolist()
     if not infos:
@@ -218,13 +230,18 @@ def _load_zip(path: Path, handle: Any, limits: PickleLimits, root_name: str) -> 
         raise FormatError(f"not a torch.save archive: no member {pickle_name!r}", path)
     file_size = os.fstat(handle.fileno()).st_size
     end_of_data = min(getattr(archive, "start_dir", file_size), file_size)
-    byteorder = _small_record(archive, by_name.get(f"{prefix}/byteorder"), path)
+    # torch.save with set_crc32_options(False) writes CRC 0 for every member and torch.load
+    # accepts it. Damage does not zero every CRC: one 0 among real CRCs is a failed check
+    # (a pickle's CRC is never 0 by chance in practice: it is 1 value in 2**32).
+    crc32 = any(info.CRC for info in infos)
+    record = functools.partial(_small_record, archive, crc32=crc32, fd=handle.fileno(), end_of_data=end_of_data,
+                               path=path)
+    byteorder = record(by_name.get(f"{prefix}/byteorder"))
     if byteorder is None:
         byteorder = "little"  # files before torch 1.12 have no record; torch reads them as little
     elif byteorder not in ("little", "big"):
         raise FormatError(f"unknown byte order {byteorder[:20]!r} in {prefix}/byteorder", path)
-    version = _small_record(archive, by_name.get(f"{prefix}/version") or by_name.get(f"{prefix}/.data/version"),
-                            path)
+    version = record(by_name.get(f"{prefix}/version") or by_name.get(f"{prefix}/.data/version"))
 
     fd = handle.fileno()
     pickle_info = by_name[pickle_name]
@@ -235,12 +252,13 @@ def _load_zip(path: Path, handle: Any, limits: PickleLimits, root_name: str) -> 
     data = os.pread(fd, pickle_info.file_size, pickle_offset)
     if len(data) != pickle_info.file_size:
         raise FormatError(f"member {pickle_name!r} is truncated", path)
-    if zlib.crc32(data) != pickle_info.CRC:
+    if crc32 and zlib.crc32(data) != pickle_info.CRC:
         raise FormatError(f"member {pickle_name!r} fails its CRC-32 check (the file is damaged)", path)
     result = load_torch_pickle(data, byteorder=byteorder, limits=limits, where=pickle_name, path=path)
 
     storages: dict[str, StorageInfo] = {}
-    regions = [(pickle_info.header_offset, pickle_offset + pickle_info.file_size, pickle_name)]
+    regions = [(pickle_info.header_offset, _member_end(pickle_info, pickle_offset, fd, file_size),
+                pickle_name)]
     for key, ref in result.storages.items():
         member = f"{prefix}/data/{key}"
         info = by_name.get(member)
@@ -252,19 +270,29 @@ def _load_zip(path: Path, handle: Any, limits: PickleLimits, root_name: str) -> 
                 f"storage {key!r}: member {member!r} holds {info.file_size} bytes, the pickle declares "
                 f"{ref.numel} x {_dtype_text(ref.dtype)} = {ref.nbytes} bytes", path)
         storages[key] = StorageInfo(key, member, ref.dtype, ref.numel, offset, ref.nbytes, ref.location)
-        regions.append((info.header_offset, offset + info.file_size, member))
+        regions.append((info.header_offset, _member_end(info, offset, fd, file_size), member))
+    # Every other member and the directory too: a storage running over them (the byteorder
+    # record, a local header) would be rewritten into them, and the output fail to load.
+    located = {pickle_name, *(s.member for s in storages.values())}
+    regions += [(other.header_offset, _member_end(other, None, fd, file_size), other.filename)
+                for other in infos if other.filename not in located]
+    regions.append((end_of_data, max(file_size, end_of_data + 1), "the zip's central directory"))
     _check_disjoint(regions, path)
     tensors, others, shared = _names(result.root, root_name, len(data), limits, pickle_name, path)
     _check_views(tensors, storages, path)
     return TorchArchive(path, "zip", prefix, byteorder, version, result.root, tensors, storages, others,
-                        (pickle_offset, pickle_info.file_size), shared)
+                        (pickle_offset, pickle_info.file_size), shared, crc32)
 
 
-def _small_record(archive: zipfile.ZipFile, info: zipfile.ZipInfo | None, path: Path) -> str | None:
+def _small_record(archive: zipfile.ZipFile, info: zipfile.ZipInfo | None, *, crc32: bool, fd: int,
+                  end_of_data: int, path: Path) -> str | None:
     if info is None:
         return None
     if info.file_size > _SMALL_MEMBER:
         raise FormatError(f"member {info.filename!r} is {info.file_size} bytes, expected a few", path)
+    if not crc32:  # zipfile would refuse its CRC 0: read the stored bytes directly
+        raw = os.pread(fd, info.file_size, _data_offset(info, fd, end_of_data, path))
+        return raw.decode("ascii", "replace").strip()
     try:
         with archive.open(info) as member:
             raw = member.read(_SMALL_MEMBER + 1)
@@ -309,6 +337,141 @@ def _data_offset(info: zipfile.ZipInfo, fd: int, end_of_data: int, path: Path) -
         raise FormatError(f"member {name!r} runs past the end of the data ({start + info.file_size} > "
                           f"{end_of_data}): the file is truncated", path)
     return start
+
+
+def _member_end(info: zipfile.ZipInfo, start: int | None, fd: int, file_size: int) -> int:
+    """Where a member's bytes end: its data, and the data descriptor after it when its flags
+    say there is one. ``start``: where its data starts, None to take it from its local header
+    (as written: a member tclip does not read is not checked further)."""
+    if start is None:
+        start = info.header_offset + _LOCAL_HEADER.size
+        if start <= file_size:
+            lengths = _LOCAL_HEADER.unpack(os.pread(fd, _LOCAL_HEADER.size, info.header_offset))[-2:]
+            start += sum(lengths)
+    end = start + info.compress_size
+    if info.flag_bits & 0x8 and end < file_size:
+        wide = max(info.compress_size, info.file_size) >= 0xFFFFFFFF  # zip64: 8-byte sizes
+        end += (20 if wide else 12) + (4 if os.pread(fd, 4, end) == b"PK\x07\x08" else 0)
+    return end
+
+
+# --------------------------------------------------------------------------- files cut short
+
+_DIRECTORY_SIGNATURES = (b"PK\x01\x02", b"PK\x06\x06", b"PK\x06\x07", b"PK\x05\x06")
+
+
+def _truncation(fd: int) -> str | None:
+    """Why a zip that zipfile refuses was cut short, or None when the bytes do not say so.
+
+    The evidence: local headers follow one another from byte 0 as a writer leaves them
+    (each member's size from its header, or from the data descriptor after its data, as
+    torch writes them), then the central directory's entries, and the bytes end inside one
+    of them, before the end record. Garbage anywhere on the way is no evidence.
+    """
+    size = os.fstat(fd).st_size
+    if size < _LOCAL_HEADER.size:
+        return None
+    with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as data:
+        members: dict[str, tuple[int, int]] = {}  # name -> (data offset, size), for members found whole
+        position = 0
+        while True:
+            head = data[position:position + 4]
+            if head in _DIRECTORY_SIGNATURES or (position == size and members):
+                return _directory_truncation(data, position, size)
+            if position + _LOCAL_HEADER.size > size:
+                return (f"it ends at byte {size}, inside the local header of a member at byte {position} "
+                        f"(expected at least {position + _LOCAL_HEADER.size} bytes)"
+                        if members and b"PK\x03\x04".startswith(head) else None)
+            fields = _LOCAL_HEADER.unpack_from(data, position)
+            signature, flags, method, csize, name_length, extra_length = (fields[0], fields[2], fields[3],
+                                                                          fields[7], fields[9], fields[10])
+            start = position + _LOCAL_HEADER.size + name_length + extra_length
+            if signature != b"PK\x03\x04" or method not in (0, 8) or not name_length:
+                return None
+            if position + _LOCAL_HEADER.size + name_length > size:  # the first name whole, or no evidence
+                return (f"it ends at byte {size}, inside the local header of a member at byte {position} "
+                        f"(expected at least {start} bytes)" if members else None)
+            name = data[position + _LOCAL_HEADER.size:position + _LOCAL_HEADER.size + name_length].decode(
+                "utf-8", "replace")
+            if start > size:
+                return (f"it ends at byte {size}, inside the local header of member {name!r} "
+                        f"(expected at least {start} bytes)")
+            if not flags & 0x8 and csize != 0xFFFFFFFF:
+                end = next_position = start + csize
+            else:
+                found = _descriptor_after(data, start, method)
+                if found is None:
+                    return _cut_member(data, members, name, start, size)
+                end, next_position = found
+            if end > size:
+                return (f"it ends at byte {size}, inside member {name!r} ({end - start} bytes from byte "
+                        f"{start}): expected at least {end} bytes")
+            members[name] = (start, end - start)
+            position = next_position
+
+
+def _descriptor_after(data: Any, start: int, method: int) -> tuple[int, int] | None:
+    """``(end of the data, end of the descriptor)`` of the member whose data starts at ``start``:
+    the first data descriptor after it whose size is the distance to it."""
+    found = data.find(b"PK\x07\x08", start)
+    while found >= 0:
+        length = found - start
+        for layout, span in (("<LLL", 16), ("<LQQ", 24)):
+            if found + span <= len(data):
+                _, packed, real = struct.unpack_from(layout, data, found + 4)
+                if packed == length and (method != 0 or real == length):
+                    return found, found + span
+        found = data.find(b"PK\x07\x08", found + 1)
+    return None
+
+
+def _cut_member(data: Any, members: dict[str, tuple[int, int]], name: str, start: int, size: int) -> str:
+    """The member the file ends in, with the size its pickle declares when it is a storage."""
+    prefix, _, rest = name.partition("/")
+    key = rest[len("data/"):] if rest.startswith("data/") else None
+    pickle = members.get(f"{prefix}/data.pkl")
+    if key is not None and pickle is not None:
+        try:
+            declared = load_torch_pickle(data[pickle[0]:pickle[0] + pickle[1]]).storages.get(key)
+        except (FormatError, UnsupportedError):
+            declared = None
+        if declared is not None:
+            return (f"it ends at byte {size}, inside storage {name!r}, which the pickle declares as "
+                    f"{declared.nbytes} bytes: expected at least {start + declared.nbytes} bytes")
+    return f"it ends at byte {size}, inside the data of member {name!r} (from byte {start})"
+
+
+def _directory_truncation(data: Any, position: int, size: int) -> str | None:
+    """Walk the central directory's records from ``position``: the end it runs into, or None
+    when the end record is whole (the zip is damaged, not cut short)."""
+    while True:
+        head = data[position:position + 4]
+        if position + 4 > size:
+            if not b"PK".startswith(head[:2]):
+                return None
+            return f"it ends at byte {size}, before the zip's central directory or within it, without its end record"
+        if head == b"PK\x01\x02":
+            if position + 46 > size:
+                needed = position + 46
+            else:
+                lengths = struct.unpack_from("<3H", data, position + 28)
+                needed = position + 46 + sum(lengths)
+        elif head == b"PK\x06\x06":
+            needed = position + 12 + (struct.unpack_from("<Q", data, position + 4)[0] if position + 12 <= size
+                                      else 0)
+        elif head == b"PK\x06\x07":
+            needed = position + 20
+        elif head == b"PK\x05\x06":
+            needed = position + 22 + (struct.unpack_from("<H", data, position + 20)[0] if position + 22 <= size
+                                      else 0)
+            if needed <= size:
+                return None
+        else:
+            return None
+        if needed > size:
+            return (f"it ends at byte {size}, in the zip's central directory "
+                    f"(expected at least {needed} bytes)")
+        position = needed
 
 
 def _check_disjoint(regions: list[tuple[int, int, str]], path: Path) -> None:
@@ -391,9 +554,21 @@ def _names(root: Any, root_name: str, pickle_size: int, limits: PickleLimits, wh
     others: list[NonTensor] = []
     seen: dict[str, tuple[Any, ...]] = {}
     viewers: dict[str, list[str]] = {}
-    budget = limits.flatten_factor * pickle_size + 1_000_000
-    for leaf in flatten(root, budget=budget, max_depth=limits.max_depth, where=where, path=path):
+    honest, memory, held = pickle_size + _FREE_NAMES, name_memory(), 0
+    # The walk's nodes and path entries: honest names are a few dozen each, so neither a big
+    # pickle nor a big memo buys more walking than the names --memory allows.
+    budget = min(limits.flatten_factor * pickle_size, _WALK_PER_NAME * (memory // NAME_BYTES)) + 1_000_000
+    for count, leaf in enumerate(flatten(root, budget=budget, max_depth=limits.max_depth, where=where,
+                                         path=path), 1):
         name = ".".join(_key_text(k) for k in leaf.path) if leaf.path else root_name
+        held += NAME_BYTES + len(name)
+        if count > honest:
+            raise UnsupportedError(f"{where}: the pickle names more than {honest} entries in its {pickle_size} "
+                                   "bytes: its containers share sub-trees (a pickle bomb?)", path)
+        if held > memory:
+            raise UnsupportedError(f"{where}: the file names more than {count - 1} entries, more than --memory "
+                                   f"({memory / 2**20:.0f} MiB, {NAME_BYTES} bytes a name) holds; raise --memory",
+                                   path)
         if name in seen:
             raise UnsupportedError(
                 f"two entries flatten to the name {name!r} (keys {_path_text(seen[name])} and "
@@ -459,9 +634,9 @@ def read_tensor(archive: TorchArchive, name: str) -> np.ndarray:
         raw = os.pread(handle.fileno(), (stop - first) * itemsize, storage.offset + first * itemsize)
     if len(raw) != (stop - first) * itemsize:
         raise FormatError(f"tensor {name!r}: the file ends inside its data", archive.path)
-    flat = np.frombuffer(raw, dtype=tensor.dtype)
+    flat = np.frombuffer(raw, dtype=np.dtype((np.void, itemsize)))  # (as in torch._strided: float8_e5m2)
     view = np.lib.stride_tricks.as_strided(flat, tensor.shape, [s * itemsize for s in tensor.stride],
-                                           writeable=False)
+                                           writeable=False).view(tensor.dtype)
     values = np.array(view, order="C")
     if tensor.conj:
         values = np.conj(values)

@@ -304,8 +304,9 @@ class PickleLimits:
         max_marks: MARKs open at once.
         max_depth: nesting of containers in the result.
         flatten_factor: the walk over the result may visit at most
-            ``flatten_factor * len(pickle) + 1_000_000`` nodes and name characters,
-            so shared sub-trees cannot multiply the work.
+            ``flatten_factor * len(pickle) + 1_000_000`` nodes and path entries (less
+            when the names ``--memory`` allows need less: :mod:`._torch_archive`), so
+            shared sub-trees cannot multiply the work.
     """
 
     max_bytes: int = 64 << 20
@@ -1074,6 +1075,8 @@ class _Interpreter:
         size = math.prod(shape)
         if size * dtype.itemsize > 1 << 62:
             raise self.malformed(f"{func.name}: size {list(shape)} is impossibly large")
+        if size:
+            stride = _settled(shape, stride)
         return TensorRef(storage, dtype, offset, shape, stride, requires_grad, False, conj, neg)
 
     def _dims(self, func: _Global, what: str, value: Any) -> tuple[int, ...]:
@@ -1220,6 +1223,18 @@ _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _F64 = struct.Struct(">d")
+
+
+def _settled(shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides with each dimension of size 1 given the stride C order would (the one
+    below times its size): such a stride never moves the view (torch loads a (1, 4) view of
+    stride (2**62, 2)), and a huge one would overflow NumPy's byte strides."""
+    settled, inner = list(stride), 1
+    for axis in reversed(range(len(shape))):
+        if shape[axis] == 1:
+            settled[axis] = inner
+        inner *= shape[axis]
+    return tuple(settled)
 
 
 def _parse_int(text: bytes) -> int:

@@ -22,9 +22,11 @@ rewritten tensors' elements are written where their views put them, so the pickl
 the zip structure, the member order and the 64-byte alignment stay byte for byte.
 The CRC-32 of every rewritten member is set anew (in its local header where it is
 there, its data descriptor and the central directory): ``torch.load`` does not check
-them, but zip tools do. A storage viewed by several tensors is written once per
-element: identical views (tied weights) by the first of them; whether several views
-may be clipped at all is decided before any writing (:mod:`tclip.work.tied`).
+them, but zip tools do. A file saved with CRC-32s off (``set_crc32_options(False)``:
+every member's CRC is 0) is read without checking them and rewritten with them left 0.
+A storage viewed by several tensors is written once per element: identical views (tied
+weights) by the first of them; whether several views may be clipped at all is decided
+before any writing (:mod:`tclip.work.tied`).
 Writing a PyTorch file from another format is refused: there is no pickle to keep.
 """
 
@@ -177,7 +179,11 @@ def _pieces(view: View, lo: tuple[int, ...], extent: tuple[int, ...]) -> Iterato
 
 def _strided(buffer: np.ndarray, ref: TensorRef, sizes: tuple[int, ...], writeable: bool = False) -> np.ndarray:
     itemsize = ref.dtype.itemsize
-    return np.lib.stride_tricks.as_strided(buffer, sizes, [s * itemsize for s in ref.stride], writeable=writeable)
+    # as_strided goes through __array_interface__, whose type text NumPy cannot parse back for
+    # some ml_dtypes types ('<f1' of float8_e5m2): stride raw items, then view them as the dtype
+    raw = buffer.view(np.dtype((np.void, itemsize)))
+    strided = np.lib.stride_tricks.as_strided(raw, sizes, [s * itemsize for s in ref.stride], writeable=writeable)
+    return strided.view(ref.dtype)
 
 
 def _optimizer_prefixes(others: Any) -> set[str]:
@@ -631,9 +637,12 @@ class TorchWriter(TensorWriter):
         self._runs: dict[str, list[tuple[int, int, int]]] = {}  # storage key -> (file offset, bytes, crc)
         size = os.fstat(like._fd).st_size
         self._size = size
-        self._members = self._locate_members() if like.archive.format == "zip" else {}
+        # A file saved with CRC-32s off keeps them off (0): one real CRC among zeros would
+        # read as damage, here and in zip tools alike.
+        self._members = self._locate_members() if like.archive.format == "zip" and like.archive.crc32 else {}
+        # (an empty view has no bytes, and its offset may lie anywhere: torch loads one at 2**62)
         holes = [(like.views[n].first_byte, like.views[n].ref.nbytes) for n in names
-                 if like.views[n].dense and n not in self._silent
+                 if like.views[n].dense and n not in self._silent and like.views[n].ref.nbytes
                  and like.views[n].storage.key not in self._locks]
         self._fd = output.open()
         try:
