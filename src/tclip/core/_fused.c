@@ -28,20 +28,37 @@
 
 enum { KIND_F64 = 0, KIND_F32 = 1, KIND_BF16 = 2, KIND_F16 = 3 };
 
-static double f16_value[65536];   /* every float16 as a float64 (Inf and NaN included) */
-
-/* Each kind's loops are written out by the macro below, so that the compiler sees one
- * element type per loop (and can keep the eight accumulators in vector registers). */
-static inline double load_f64(const unsigned char *p, Py_ssize_t i) { double v; memcpy(&v, p + 8 * i, 8); return v; }
-static inline double load_f32(const unsigned char *p, Py_ssize_t i) { float v; memcpy(&v, p + 4 * i, 4); return (double)v; }
-static inline double load_bf16(const unsigned char *p, Py_ssize_t i)
+/* Each element's square in float64, exactly, from its stored bits. The kinds' loops are
+ * written out by the macros below, so that the compiler sees one element type per loop
+ * and vectorizes it: no table lookups (a gather does not vectorize), only shifts, masks
+ * and conversions. */
+static inline double square_f64(const unsigned char *p, Py_ssize_t i) { double v; memcpy(&v, p + 8 * i, 8); return v * v; }
+static inline double square_f32(const unsigned char *p, Py_ssize_t i)
+{
+    float v; memcpy(&v, p + 4 * i, 4); double d = v; return d * d;
+}
+static inline double square_bf16(const unsigned char *p, Py_ssize_t i)
 {
     uint16_t b; memcpy(&b, p + 2 * i, 2);
-    uint32_t w = (uint32_t)b << 16; float v; memcpy(&v, &w, 4); return (double)v;
+    uint32_t w = (uint32_t)b << 16; float v; memcpy(&v, &w, 4); double d = v; return d * d;
 }
-static inline double load_f16(const unsigned char *p, Py_ssize_t i)
+/* A finite float16 is v = M * 2**(E - 25), M its 11-bit significand (the implicit bit
+ * included where the exponent field e is not 0) and E = max(e, 1). Both v and its square
+ * (22 significant bits, from 2**-48 to below 2**32) are exact float32 normal numbers, so
+ * v * v in float32 is the square NumPy computes in float64, and no subnormal is on the
+ * way (a flush-to-zero FPU changes nothing). Inf and NaN (e = 31) give Inf: the sum is
+ * then not finite and the caller takes NumPy's way, as it does for the other kinds.
+ * Eight float16 a vector instruction with AVX2, where the table of 65,536 values that
+ * came before it was one scalar load each (a gather does not vectorize). */
+static inline double square_f16(const unsigned char *p, Py_ssize_t i)
 {
-    uint16_t b; memcpy(&b, p + 2 * i, 2); return f16_value[b];
+    uint16_t b; memcpy(&b, p + 2 * i, 2);
+    const int32_t e = (b >> 10) & 31, mantissa = b & 1023;
+    const int32_t m = e ? (mantissa | 1024) : mantissa;
+    const uint32_t pb = e == 31 ? UINT32_C(0x7F800000) : (uint32_t)(127 - 25 + (e ? e : 1)) << 23;
+    float power; memcpy(&power, &pb, 4);
+    const float v = (float)m * power;
+    return (double)(v * v);
 }
 
 /* The extremes are kept as ordered keys: a pattern with the sign bit set has its other
@@ -52,59 +69,219 @@ static inline double load_f16(const unsigned char *p, Py_ssize_t i)
 
 typedef struct { int64_t lo, hi; } Keys;
 
-/* NAME_squares: np.add.reduce's pairwise summation of the squares of a[0 .. n), and the
- * smallest and largest key of a[0 .. n) folded into k. One pass over the stored bytes. */
-#define KERNELS(NAME, LOAD, WIDTH, STYPE, BITS, ATTR)                                     \
-ATTR static double NAME##_leaf(const unsigned char *a, Py_ssize_t n, Keys *k)           \
-{                                                                                        \
-    STYPE lo = (STYPE)k->lo, hi = (STYPE)k->hi;                                          \
-    double v, res;                                                                       \
-    for (Py_ssize_t i = 0; i < n; i++) {                                                 \
-        STYPE s; memcpy(&s, a + i * WIDTH, WIDTH);                                       \
-        STYPE key = ORDERED(s, STYPE, BITS);                                             \
-        lo = key < lo ? key : lo; hi = key > hi ? key : hi;                              \
-    }                                                                                    \
-    k->lo = lo; k->hi = hi;                                                              \
-    if (n < 8) {                                                                         \
-        res = -0.0;                                                                      \
-        for (Py_ssize_t i = 0; i < n; i++) { v = load_##LOAD(a, i); res += v * v; }      \
-        return res;                                                                      \
-    }                                                                                    \
-    double r[8];                                                                         \
-    Py_ssize_t i;                                                                        \
-    for (int j = 0; j < 8; j++) { v = load_##LOAD(a, j); r[j] = v * v; }                 \
-    for (i = 8; i < n - (n % 8); i += 8)                                                 \
-        for (int j = 0; j < 8; j++) { v = load_##LOAD(a, i + j); r[j] += v * v; }        \
-    res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));             \
-    for (; i < n; i++) { v = load_##LOAD(a, i); res += v * v; }                          \
-    return res;                                                                          \
-}                                                                                        \
-ATTR static double NAME##_squares(const unsigned char *a, Py_ssize_t n, Keys *k)        \
-{                                                                                        \
-    if (n <= 128) return NAME##_leaf(a, n, k);                                           \
-    Py_ssize_t n2 = n / 2;                                                               \
-    n2 -= n2 % 8;                                                                        \
-    double first = NAME##_squares(a, n2, k);                                             \
-    return first + NAME##_squares(a + n2 * WIDTH, n - n2, k);                            \
+/* How the sum is cut. np.add.reduce sums a[0 .. n) pairwise: a block of at most 128
+ * terms (a leaf) is summed by eight accumulators (term i into accumulator i % 8, the last
+ * n % 8 terms added one by one after the eight are summed as a tree); a longer one is
+ * split in two at n / 2 rounded down to a multiple of 8, and the two halves' sums added.
+ * The loops below keep that order exactly, and change only what is computed when:
+ * - the squares of a node of at most BLOCK terms are first written, all at once, into a
+ *   float64 buffer (one vectorized loop over the stored bits, the extremes folded in);
+ * - that node's leaves are then summed four at a time, side by side: each leaf's eight
+ *   accumulators are its own, so four leaves are 32 independent sums, where one leaf's
+ *   eight had to wait for each other's additions (the latency of an addition bounded the
+ *   old loop at 8 terms per addition's latency, whatever the width of the type);
+ * - the leaves' sums are then added in the tree's order. */
+enum { LEAF = 128, BLOCK = 1024 };
+
+/* Where np.add.reduce splits n terms (n > 128): the first part's length. */
+static inline Py_ssize_t half(Py_ssize_t n) { return n / 2 - (n / 2) % 8; }
+
+/* Four float64 lanes. GCC and Clang: a vector of the compiler's (the AVX2 copy adds four
+ * in one instruction, the baseline two in each of two); elsewhere four doubles. Either way
+ * each lane is added on its own, in IEEE double, as the plain C would be. V4_ADD_FROM:
+ * a += p[0 .. 4) lane by lane; V4_LOAD: a = p[0 .. 4) (macros: a function returning a
+ * vector would not have one calling convention in the two copies). */
+#define V4_ADD_FROM(a, p) do { V4 t_; memcpy(&t_, (p), sizeof t_); (a) = V4_ADD((a), t_); } while (0)
+#define V4_LOAD(a, p) memcpy(&(a), (p), sizeof(V4))
+#if defined(__GNUC__)
+typedef double V4 __attribute__((vector_size(32)));
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+#define V4_ADD(a, b) ((a) + (b))
+#define V4_LANE(a, j) ((a)[j])
+#else
+typedef struct { double lane[4]; } V4;
+#define ALWAYS_INLINE static inline
+static inline V4 v4_add(V4 a, V4 b) { for (int j = 0; j < 4; j++) a.lane[j] += b.lane[j]; return a; }
+#define V4_ADD(a, b) v4_add(a, b)
+#define V4_LANE(a, j) ((a).lane[j])
+#endif
+
+/* NAME_leaves: the sums of K leaves of s (K = 1, 2 or 4; each of 8 terms or more) into
+ * sums, each in np.add.reduce's order (accumulator j in lane j of low or lane j - 4 of
+ * high), the K side by side as far as the shortest goes.
+ * NAME_block: np.add.reduce's sum of s[0 .. n), n <= BLOCK.
+ * Compiled once per copy (baseline, AVX2): inlining must stay within one target, and a
+ * baseline function called from the AVX2 code runs its SSE instructions with the AVX
+ * registers' upper halves in use (a first version that did measured 3 times slower).
+ * The leaves of a node of at most 512 terms are summed together (2 or 4 of them): no
+ * list of leaves is built (one, with the sums recombined from it, measured slower). */
+#define SUMS(NAME, ATTR)                                                                              \
+ATTR ALWAYS_INLINE void NAME##_leaves(const double *s, const Py_ssize_t *off, const Py_ssize_t *len,   \
+                                      double *sums, const int K)                                      \
+{                                                                                                     \
+    V4 low[4], high[4];                                                                               \
+    const double *t[4];                                                                               \
+    Py_ssize_t whole[4], common = BLOCK;                                                              \
+    for (int q = 0; q < K; q++) {                                                                     \
+        t[q] = s + off[q];                                                                            \
+        whole[q] = len[q] - len[q] % 8;                                                               \
+        common = whole[q] < common ? whole[q] : common;                                               \
+        V4_LOAD(low[q], t[q]);                                                                        \
+        V4_LOAD(high[q], t[q] + 4);                                                                   \
+    }                                                                                                 \
+    Py_ssize_t i;                                                                                     \
+    for (i = 8; i < common; i += 8)                                                                   \
+        for (int q = 0; q < K; q++) {                                                                 \
+            V4_ADD_FROM(low[q], t[q] + i);                                                            \
+            V4_ADD_FROM(high[q], t[q] + i + 4);                                                       \
+        }                                                                                             \
+    for (int q = 0; q < K; q++) {                                                                     \
+        Py_ssize_t c;                                                                                 \
+        for (c = i; c < whole[q]; c += 8) {                                                           \
+            V4_ADD_FROM(low[q], t[q] + c);                                                            \
+            V4_ADD_FROM(high[q], t[q] + c + 4);                                                       \
+        }                                                                                             \
+        double res = ((V4_LANE(low[q], 0) + V4_LANE(low[q], 1)) + (V4_LANE(low[q], 2) + V4_LANE(low[q], 3)))  \
+                     + ((V4_LANE(high[q], 0) + V4_LANE(high[q], 1)) + (V4_LANE(high[q], 2) + V4_LANE(high[q], 3))); \
+        for (c = whole[q]; c < len[q]; c++) res += t[q][c];                                           \
+        sums[q] = res;                                                                                \
+    }                                                                                                 \
+}                                                                                                     \
+ATTR static double NAME##_block(const double *s, Py_ssize_t n)                                        \
+{                                                                                                     \
+    if (n < 8) {                                                                                      \
+        double res = -0.0;                                                                            \
+        for (Py_ssize_t i = 0; i < n; i++) res += s[i];                                               \
+        return res;                                                                                   \
+    }                                                                                                 \
+    double sums[4];                                                                                   \
+    if (n <= LEAF) {                                                                                  \
+        const Py_ssize_t off[1] = {0}, len[1] = {n};                                                  \
+        NAME##_leaves(s, off, len, sums, 1);                                                          \
+        return sums[0];                                                                               \
+    }                                                                                                 \
+    const Py_ssize_t n2 = half(n), n3 = n - n2;                                                       \
+    if (n2 <= LEAF && n3 <= LEAF) {                                                                   \
+        const Py_ssize_t off[2] = {0, n2}, len[2] = {n2, n3};                                         \
+        NAME##_leaves(s, off, len, sums, 2);                                                          \
+        return sums[0] + sums[1];                                                                     \
+    }                                                                                                 \
+    const Py_ssize_t n4 = half(n2), n5 = half(n3);                                                    \
+    if (n2 > LEAF && n3 > LEAF && n2 - n4 <= LEAF && n3 - n5 <= LEAF) {                               \
+        const Py_ssize_t off[4] = {0, n4, n2, n2 + n5}, len[4] = {n4, n2 - n4, n5, n3 - n5};          \
+        NAME##_leaves(s, off, len, sums, 4);                                                          \
+        return (sums[0] + sums[1]) + (sums[2] + sums[3]);                                             \
+    }                                                                                                 \
+    const double first = NAME##_block(s, n2);                                                         \
+    return first + NAME##_block(s + n2, n3);                                                          \
 }
 
-KERNELS(f64, f64, 8, int64_t, 64, )
-KERNELS(f32, f32, 4, int32_t, 32, )
-KERNELS(bf16, bf16, 2, int16_t, 16, )
-KERNELS(f16, f16, 2, int16_t, 16, )
+/* The smallest and largest key of a[0 .. n) folded into k (a loop on integer lanes). */
+#define EXTREMES(a, n, k, WIDTH, STYPE, BITS)                                                \
+    do {                                                                                     \
+        STYPE lo_ = (STYPE)(k)->lo, hi_ = (STYPE)(k)->hi;                                    \
+        for (Py_ssize_t i_ = 0; i_ < (n); i_++) {                                            \
+            STYPE b_; memcpy(&b_, (a) + i_ * (WIDTH), (WIDTH));                              \
+            STYPE key_ = ORDERED(b_, STYPE, BITS);                                           \
+            lo_ = key_ < lo_ ? key_ : lo_; hi_ = key_ > hi_ ? key_ : hi_;                    \
+        }                                                                                    \
+        (k)->lo = lo_; (k)->hi = hi_;                                                        \
+    } while (0)
+
+/* NAME_squares: np.add.reduce's pairwise summation of the squares of a[0 .. n), and the
+ * smallest and largest key of a[0 .. n) folded into k.
+ * DIRECT (float64, float32): each leaf summed as it is read, the extremes in a loop of
+ * their own before (a float32 widened takes one instruction: a buffer did not pay).
+ * BLOCKED (float16, bfloat16): NAME_widen writes a node's squares into a float64 buffer
+ * of BLOCK terms, summed by SUM_block; one pass over the stored bytes either way. */
+#define DIRECT(NAME, KIND, WIDTH, STYPE, BITS, ATTR)                                         \
+ATTR static double NAME##_leaf(const unsigned char *a, Py_ssize_t n, Keys *k)               \
+{                                                                                            \
+    EXTREMES(a, n, k, WIDTH, STYPE, BITS);                                                   \
+    double res;                                                                              \
+    if (n < 8) {                                                                             \
+        res = -0.0;                                                                          \
+        for (Py_ssize_t i = 0; i < n; i++) res += square_##KIND(a, i);                       \
+        return res;                                                                          \
+    }                                                                                        \
+    double r[8];                                                                             \
+    Py_ssize_t i;                                                                            \
+    for (int j = 0; j < 8; j++) r[j] = square_##KIND(a, j);                                  \
+    for (i = 8; i < n - (n % 8); i += 8)                                                     \
+        for (int j = 0; j < 8; j++) r[j] += square_##KIND(a, i + j);                         \
+    res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));                 \
+    for (; i < n; i++) res += square_##KIND(a, i);                                           \
+    return res;                                                                              \
+}                                                                                            \
+ATTR static double NAME##_squares(const unsigned char *a, Py_ssize_t n, Keys *k)            \
+{                                                                                            \
+    if (n <= LEAF) return NAME##_leaf(a, n, k);                                              \
+    Py_ssize_t n2 = half(n);                                                                 \
+    double first = NAME##_squares(a, n2, k);                                                 \
+    return first + NAME##_squares(a + n2 * WIDTH, n - n2, k);                                \
+}
+
+#define WIDEN(NAME, KIND, WIDTH, STYPE, BITS, ATTR)                                          \
+ATTR static void NAME##_widen(const unsigned char *restrict a, Py_ssize_t n,               \
+                              double *restrict s, Keys *k)                                   \
+{                                                                                            \
+    EXTREMES(a, n, k, WIDTH, STYPE, BITS);                                                   \
+    for (Py_ssize_t i = 0; i < n; i++) s[i] = square_##KIND(a, i);                           \
+}
+
+#define BLOCKED(NAME, SUM, WIDTH, ATTR)                                                      \
+ATTR static double NAME##_squares(const unsigned char *a, Py_ssize_t n, Keys *k)            \
+{                                                                                            \
+    if (n <= BLOCK) {                                                                        \
+        double s[BLOCK];                                                                     \
+        NAME##_widen(a, n, s, k);                                                            \
+        return SUM##_block(s, n);                                                            \
+    }                                                                                        \
+    Py_ssize_t n2 = half(n);                                                                 \
+    double first = NAME##_squares(a, n2, k);                                                 \
+    return first + NAME##_squares(a + n2 * WIDTH, n - n2, k);                                \
+}
+
+SUMS(baseline, )
+DIRECT(f64, f64, 8, int64_t, 64, )
+DIRECT(f32, f32, 4, int32_t, 32, )
+WIDEN(bf16, bf16, 2, int16_t, 16, )
+BLOCKED(bf16, baseline, 2, )
+WIDEN(f16, f16, 2, int16_t, 16, )
+BLOCKED(f16, baseline, 2, )
 
 typedef double (*Squares)(const unsigned char *, Py_ssize_t, Keys *);
 static Squares squares_of[] = {f64_squares, f32_squares, bf16_squares, f16_squares};
 
 /* The same loops compiled for AVX2 as well, chosen at import where the CPU has it (four
  * float32 widened per instruction: 0.75 -> 0.51 ns an element for float32 measured).
- * Same operations in the same order: only the instructions differ. */
+ * Same operations in the same order: only the instructions differ. float16 is widened
+ * there by F16C's conversion (every AVX2 CPU has it, and it is checked for too): eight
+ * float16 to float32 in one instruction, exactly (subnormals included, whatever the FPU's
+ * flush-to-zero setting: the instruction ignores it), then squared in float32 as above. */
 #if defined(__GNUC__) && !defined(__clang__) && (defined(__x86_64__) || defined(__i386__))
 #define HAVE_AVX2_COPY 1
-KERNELS(f64_avx2, f64, 8, int64_t, 64, __attribute__((target("avx2"))))
-KERNELS(f32_avx2, f32, 4, int32_t, 32, __attribute__((target("avx2"))))
-KERNELS(bf16_avx2, bf16, 2, int16_t, 16, __attribute__((target("avx2"))))
-KERNELS(f16_avx2, f16, 2, int16_t, 16, __attribute__((target("avx2"))))
+#include <immintrin.h>
+#define AVX2 __attribute__((target("avx2")))
+SUMS(avx2, AVX2)
+DIRECT(f64_avx2, f64, 8, int64_t, 64, AVX2)
+DIRECT(f32_avx2, f32, 4, int32_t, 32, AVX2)
+WIDEN(bf16_avx2, bf16, 2, int16_t, 16, AVX2)
+BLOCKED(bf16_avx2, avx2, 2, AVX2)
+__attribute__((target("avx2,f16c")))
+static void f16_avx2_widen(const unsigned char *restrict a, Py_ssize_t n, double *restrict s, Keys *k)
+{
+    EXTREMES(a, n, k, 2, int16_t, 16);
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(a + 2 * i)));
+        const __m256 q = _mm256_mul_ps(v, v);
+        _mm256_storeu_pd(s + i, _mm256_cvtps_pd(_mm256_castps256_ps128(q)));
+        _mm256_storeu_pd(s + i + 4, _mm256_cvtps_pd(_mm256_extractf128_ps(q, 1)));
+    }
+    for (; i < n; i++) s[i] = square_f16(a, i);
+}
+BLOCKED(f16_avx2, avx2, 2, __attribute__((target("avx2,f16c"))))
 #endif
 static const int bits_of[] = {64, 32, 16, 16};
 
@@ -420,7 +597,7 @@ static int use_avx2(int wanted)
     int on = 0;
 #ifdef HAVE_AVX2_COPY
     __builtin_cpu_init();
-    on = wanted && __builtin_cpu_supports("avx2");
+    on = wanted && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
     if (on) {
         squares_of[KIND_F64] = f64_avx2_squares;
         squares_of[KIND_F32] = f32_avx2_squares;
@@ -476,14 +653,6 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fused", NULL, -1, m
 
 PyMODINIT_FUNC PyInit__fused(void)
 {
-    for (uint32_t b = 0; b < 65536; b++) {   /* float16 -> float64, exactly */
-        uint32_t sign = b >> 15, exponent = (b >> 10) & 31, mantissa = b & 1023;
-        double magnitude;
-        if (exponent == 31) magnitude = mantissa ? NAN : INFINITY;
-        else if (exponent == 0) magnitude = ldexp((double)mantissa, -24);
-        else magnitude = ldexp((double)(mantissa | 1024), (int)exponent - 25);
-        f16_value[b] = sign ? -magnitude : magnitude;
-    }
     use_avx2(1);
     return PyModule_Create(&module);
 }
