@@ -95,7 +95,10 @@ typedef struct { int64_t lo, hi; } Keys;
  * addition's latency, whatever the width of the type; float32 already takes that long
  * to widen). Eight terms are widened and squared at a time (SQUARES8), into two vectors
  * of four float64. */
-enum { LEAF = 128 };
+/* (the extremes of up to EXTREMES_AT_ONCE terms, 8 KiB of 16-bit values, are found in
+ * one loop before they are summed: the data is still in the L1 cache for the sum, and the
+ * loop's setup and final reduction are paid once for them all) */
+enum { LEAF = 128, EXTREMES_AT_ONCE = 4096 };
 
 /* Where np.add.reduce splits n terms (n > 128): the first part's length. */
 static inline Py_ssize_t half(Py_ssize_t n) { return n / 2 - (n / 2) % 8; }
@@ -197,11 +200,10 @@ ATTR ALWAYS_INLINE void NAME##_leaves(const unsigned char *a, const Py_ssize_t *
         sums[q] = res;                                                                                \
     }                                                                                                 \
 }                                                                                                     \
-ATTR static double NAME##_squares(const unsigned char *a, Py_ssize_t n, Keys *k)                     \
+ATTR static double NAME##_sum(const unsigned char *a, Py_ssize_t n)                                   \
 {                                                                                                     \
     double sums[4];                                                                                   \
     if (n <= LEAF) {                                                                                  \
-        EXTREMES(a, n, k, 2, int16_t, 16);                                                            \
         if (n < 8) {                                                                                  \
             double res = -0.0;                                                                        \
             for (Py_ssize_t i = 0; i < n; i++) res += square_##KIND(a, i);                            \
@@ -213,20 +215,28 @@ ATTR static double NAME##_squares(const unsigned char *a, Py_ssize_t n, Keys *k)
     }                                                                                                 \
     const Py_ssize_t n2 = half(n), n3 = n - n2;                                                       \
     if (n2 <= LEAF && n3 <= LEAF) {                                                                   \
-        EXTREMES(a, n, k, 2, int16_t, 16);                                                            \
         const Py_ssize_t off[2] = {0, n2}, len[2] = {n2, n3};                                         \
         NAME##_leaves(a, off, len, sums, 2);                                                          \
         return sums[0] + sums[1];                                                                     \
     }                                                                                                 \
     const Py_ssize_t n4 = half(n2), n5 = half(n3);                                                    \
     if (n2 > LEAF && n3 > LEAF && n2 - n4 <= LEAF && n3 - n5 <= LEAF) {                               \
-        EXTREMES(a, n, k, 2, int16_t, 16);                                                            \
         const Py_ssize_t off[4] = {0, n4, n2, n2 + n5}, len[4] = {n4, n2 - n4, n5, n3 - n5};          \
         NAME##_leaves(a, off, len, sums, 4);                                                          \
         return (sums[0] + sums[1]) + (sums[2] + sums[3]);                                             \
     }                                                                                                 \
+    const double first = NAME##_sum(a, n2);                                                           \
+    return first + NAME##_sum(a + 2 * n2, n3);                                                        \
+}                                                                                                     \
+ATTR static double NAME##_squares(const unsigned char *a, Py_ssize_t n, Keys *k)                     \
+{                                                                                                     \
+    if (n <= EXTREMES_AT_ONCE) {                                                                      \
+        EXTREMES(a, n, k, 2, int16_t, 16);                                                            \
+        return NAME##_sum(a, n);                                                                      \
+    }                                                                                                 \
+    const Py_ssize_t n2 = half(n);                                                                    \
     const double first = NAME##_squares(a, n2, k);                                                    \
-    return first + NAME##_squares(a + 2 * n2, n3, k);                                                 \
+    return first + NAME##_squares(a + 2 * n2, n - n2, k);                                             \
 }
 
 #define SQUARES8_BF16(low, high, p) SQUARES8(bf16, low, high, p)
