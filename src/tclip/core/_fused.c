@@ -163,6 +163,20 @@ static inline V4 v4_add(V4 a, V4 b) { for (int j = 0; j < 4; j++) a.lane[j] += b
         (high) = V4_ADD((high), h_);                                                         \
     } while (0)
 
+/* FETCH_NEXT: while the terms a[0 .. n) of a chunk of EXTREMES_AT_ONCE are summed (from the
+ * L1 cache, where the loop over the chunk's extremes brought them), the same stretch of the
+ * next chunk is asked for, a cache line at a time. The loop over the extremes is the only
+ * one that reads from memory, and the hardware prefetcher follows only the loads that are
+ * made: without this, memory waited while the sums were computed and the sums while memory
+ * was read (out of cache 0.47-0.51 -> 0.34-0.37 ns an element measured, one core). A
+ * prefetch past the end of the data is harmless (it never faults). */
+#if defined(__GNUC__)
+#define FETCH_NEXT(a, n)                                                                     \
+    for (Py_ssize_t f_ = 0; f_ < 2 * (n); f_ += 64) __builtin_prefetch((a) + 2 * EXTREMES_AT_ONCE + f_)
+#else
+#define FETCH_NEXT(a, n) ((void)0)
+#endif
+
 /* NAME_leaves: the sums of the squares of K leaves of a (K = 1, 2 or 4; each of 8 terms or
  * more) into sums, each in np.add.reduce's order (accumulator j in lane j of low, or lane
  * j - 4 of high), the K side by side as far as the shortest goes.
@@ -202,18 +216,21 @@ ATTR static double NAME##_sum(const unsigned char *a, Py_ssize_t n)             
             for (Py_ssize_t i = 0; i < n; i++) res += square_##KIND(a, i);                            \
             return res;                                                                               \
         }                                                                                             \
+        FETCH_NEXT(a, n);                                                                             \
         const Py_ssize_t off[1] = {0}, len[1] = {n};                                                  \
         NAME##_leaves(a, off, len, sums, 1);                                                          \
         return sums[0];                                                                               \
     }                                                                                                 \
     const Py_ssize_t n2 = half(n), n3 = n - n2;                                                       \
     if (n2 <= LEAF && n3 <= LEAF) {                                                                   \
+        FETCH_NEXT(a, n);                                                                             \
         const Py_ssize_t off[2] = {0, n2}, len[2] = {n2, n3};                                         \
         NAME##_leaves(a, off, len, sums, 2);                                                          \
         return sums[0] + sums[1];                                                                     \
     }                                                                                                 \
     const Py_ssize_t n4 = half(n2), n5 = half(n3);                                                    \
     if (n2 > LEAF && n3 > LEAF && n2 - n4 <= LEAF && n3 - n5 <= LEAF) {                               \
+        FETCH_NEXT(a, n);                                                                             \
         const Py_ssize_t off[4] = {0, n4, n2, n2 + n5}, len[4] = {n4, n2 - n4, n5, n3 - n5};          \
         NAME##_leaves(a, off, len, sums, 4);                                                          \
         return (sums[0] + sums[1]) + (sums[2] + sums[3]);                                             \
