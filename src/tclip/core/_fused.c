@@ -32,7 +32,10 @@ enum { KIND_F64 = 0, KIND_F32 = 1, KIND_BF16 = 2, KIND_F16 = 3 };
  * written out by the macros below, so that the compiler sees one element type per loop
  * and vectorizes it: no table lookups (a gather does not vectorize), only shifts, masks
  * and conversions. */
-static inline double square_f64(const unsigned char *p, Py_ssize_t i) { double v; memcpy(&v, p + 8 * i, 8); return v * v; }
+static inline double square_f64(const unsigned char *p, Py_ssize_t i)
+{
+    double v; memcpy(&v, p + 8 * i, 8); return v * v;
+}
 static inline double square_f32(const unsigned char *p, Py_ssize_t i)
 {
     float v; memcpy(&v, p + 4 * i, 4); double d = v; return d * d;
@@ -182,7 +185,7 @@ static inline V4 v4_add(V4 a, V4 b) { for (int j = 0; j < 4; j++) a.lane[j] += b
  * j - 4 of high), the K side by side as far as the shortest goes.
  * NAME_squares: as DIRECT's.
  * Compiled once per copy (baseline, AVX2): inlining must stay within one target. */
-#define SIDE_BY_SIDE(NAME, KIND, ADD8, ATTR)                                                          \
+#define SIDE_BY_SIDE(NAME, KIND, ADD, ATTR)                                                           \
 ATTR ALWAYS_INLINE void NAME##_leaves(const unsigned char *a, const Py_ssize_t *off,                  \
                                       const Py_ssize_t *len, double *sums, const int K)               \
 {                                                                                                     \
@@ -197,10 +200,10 @@ ATTR ALWAYS_INLINE void NAME##_leaves(const unsigned char *a, const Py_ssize_t *
     }                                                                                                 \
     Py_ssize_t i;                                                                                     \
     for (i = 0; i < common; i += 8)                                                                   \
-        for (int q = 0; q < K; q++) ADD8(low[q], high[q], t[q] + 2 * i);                              \
+        for (int q = 0; q < K; q++) ADD(low[q], high[q], t[q] + 2 * i);                               \
     for (int q = 0; q < K; q++) {                                                                     \
         Py_ssize_t c;                                                                                 \
-        for (c = i; c < whole[q]; c += 8) ADD8(low[q], high[q], t[q] + 2 * c);                        \
+        for (c = i; c < whole[q]; c += 8) ADD(low[q], high[q], t[q] + 2 * c);                         \
         double res = ((V4_LANE(low[q], 0) + V4_LANE(low[q], 1)) + (V4_LANE(low[q], 2) + V4_LANE(low[q], 3))) \
                      + ((V4_LANE(high[q], 0) + V4_LANE(high[q], 1)) + (V4_LANE(high[q], 2) + V4_LANE(high[q], 3))); \
         for (c = whole[q]; c < len[q]; c++) res += square_##KIND(t[q], c);                            \
@@ -266,7 +269,8 @@ static Squares squares_of[] = {f64_squares, f32_squares, bf16_squares, f16_squar
  * and widened, float16 widened by F16C's conversion (every AVX2 CPU has it, and it is
  * checked for too), eight float16 to float32 in one instruction, exactly (subnormals
  * included, whatever the FPU's flush-to-zero setting: the instruction ignores it), then
- * squared in float32 as in square_f16. */
+ * squared in float32 as in square_f16. The AVX2 copies are used where the CPU has AVX2,
+ * F16C and FMA (every one with AVX2 has the other two). */
 #if defined(__GNUC__) && !defined(__clang__) && (defined(__x86_64__) || defined(__i386__))
 #define HAVE_AVX2_COPY 1
 #include <immintrin.h>
@@ -652,8 +656,9 @@ static PyMethodDef methods[] = {
      "ml_dtypes round, in place. Rows with Inf or NaN are left as they are and their indices\n"
      "written to `left`; -1 (nothing done) where the FPU flushes subnormals."},
     {"set_avx2", set_avx2, METH_VARARGS,
-     "set_avx2(wanted) -> bool: use the AVX2 copies of the loops (where the CPU has AVX2) or the\n"
-     "baseline ones; returns whether the AVX2 copies are in use. For the tests: both give the same bits."},
+     "set_avx2(wanted) -> bool: use the AVX2 copies of the loops (where the CPU has AVX2, F16C\n"
+     "and FMA) or the baseline ones; returns whether the AVX2 copies are in use. For the tests:\n"
+     "both give the same bits."},
     {"unit_stats", unit_stats, METH_VARARGS,
      "unit_stats(data, kind, chunk) -> (sum_of_squares, smallest, largest)\n\n"
      "data: a unit's stored bytes, C-contiguous; kind: 0 float64, 1 float32, 2 bfloat16,\n"
