@@ -1,11 +1,13 @@
 """The 16-bit statistics loops of tclip.core._fused give np.add.reduce's bits.
 
-float16 and bfloat16 units are widened a node at a time (up to 1,024 squares) into a
-float64 buffer and its leaves summed four side by side; float16 through F16C in the AVX2
-copy and integer operations in the baseline one. These tests hold the C results, both
-copies, against NumPy's: every float16 value, lengths on every side of the leaf (128),
-the split points (multiples of 8) and the buffer (1,024), subnormals, signed zeros, and
-Inf or NaN in every lane position.
+float16 and bfloat16 units are summed two or four leaves of the pairwise tree side by side,
+eight values at a time widened and squared straight from the stored bits (float16 through
+F16C in the AVX2 and AVX-512 copies, through integer operations and exact float32
+arithmetic in the baseline one). These tests hold the C results, every copy the CPU can
+run, against NumPy's: every finite float16 and bfloat16 value, lengths on every side of 8,
+the leaf (128), the split points (multiples of 8), the nodes summed side by side (256,
+512) and the chunks whose extremes are found at once (4,096), subnormals, signed zeros,
+Inf or NaN in every lane position, and row sums.
 """
 
 from __future__ import annotations
@@ -22,13 +24,17 @@ AROUND = (1, 7, 8, 9, 15, 16, 17, 63, 64, 65, 127, 128, 129, 130, 136, 255, 256,
 CHUNK = 1 << 62  # NumPy 2.x: one call sums a contiguous vector
 
 
-@pytest.fixture(params=["avx2", "baseline"])
+LEVELS = {"avx512": 2, "avx2": 1, "baseline": 0}
+
+
+@pytest.fixture(params=list(LEVELS))
 def copies(request):
-    wanted = request.param == "avx2"
-    if kernels._fused.set_avx2(wanted) != wanted:
-        pytest.skip("this CPU has no AVX2 and F16C")
+    level = LEVELS[request.param]
+    if kernels._fused.set_copies(level) != level:
+        kernels._fused.set_copies(2)
+        pytest.skip(f"this CPU cannot run the {request.param} copies")
     yield
-    kernels._fused.set_avx2(True)
+    kernels._fused.set_copies(2)
 
 
 def expected(x):

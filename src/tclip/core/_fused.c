@@ -183,9 +183,8 @@ static inline V4 v4_add(V4 a, V4 b) { for (int j = 0; j < 4; j++) a.lane[j] += b
 /* NAME_leaves: the sums of the squares of K leaves of a (K = 1, 2 or 4; each of 8 terms or
  * more) into sums, each in np.add.reduce's order (accumulator j in lane j of low, or lane
  * j - 4 of high), the K side by side as far as the shortest goes.
- * NAME_squares: as DIRECT's.
- * Compiled once per copy (baseline, AVX2): inlining must stay within one target. */
-#define SIDE_BY_SIDE(NAME, KIND, ADD, ATTR)                                                           \
+ * Compiled once per copy (baseline, AVX2, AVX-512): inlining must stay within one target. */
+#define LEAVES(NAME, KIND, ADD, ATTR)                                                                 \
 ATTR ALWAYS_INLINE void NAME##_leaves(const unsigned char *a, const Py_ssize_t *off,                  \
                                       const Py_ssize_t *len, double *sums, const int K)               \
 {                                                                                                     \
@@ -209,7 +208,11 @@ ATTR ALWAYS_INLINE void NAME##_leaves(const unsigned char *a, const Py_ssize_t *
         for (c = whole[q]; c < len[q]; c++) res += square_##KIND(t[q], c);                            \
         sums[q] = res;                                                                                \
     }                                                                                                 \
-}                                                                                                     \
+}
+
+/* NAME_sum: np.add.reduce's sum of the squares of a[0 .. n), by NAME_leaves; NAME_squares:
+ * as DIRECT's. */
+#define SIDE_BY_SIDE(NAME, KIND, ATTR)                                                                \
 ATTR static double NAME##_sum(const unsigned char *a, Py_ssize_t n)                                   \
 {                                                                                                     \
     double sums[4];                                                                                   \
@@ -256,8 +259,10 @@ ATTR static double NAME##_squares(const unsigned char *a, Py_ssize_t n, Keys *k)
 #define ADD8_F16(low, high, p) ADD8(f16, low, high, p)
 DIRECT(f64, f64, 8, int64_t, 64, )
 DIRECT(f32, f32, 4, int32_t, 32, )
-SIDE_BY_SIDE(bf16, bf16, ADD8_BF16, )
-SIDE_BY_SIDE(f16, f16, ADD8_F16, )
+LEAVES(bf16, bf16, ADD8_BF16, )
+SIDE_BY_SIDE(bf16, bf16, )
+LEAVES(f16, f16, ADD8_F16, )
+SIDE_BY_SIDE(f16, f16, )
 
 typedef double (*Squares)(const unsigned char *, Py_ssize_t, Keys *);
 static Squares squares_of[] = {f64_squares, f32_squares, bf16_squares, f16_squares};
@@ -297,8 +302,57 @@ static Squares squares_of[] = {f64_squares, f32_squares, bf16_squares, f16_squar
     } while (0)
 DIRECT(f64_avx2, f64, 8, int64_t, 64, AVX2)
 DIRECT(f32_avx2, f32, 4, int32_t, 32, AVX2)
-SIDE_BY_SIDE(bf16_avx2, bf16, ADD8_BF16_AVX2, AVX2_FMA_F16C)
-SIDE_BY_SIDE(f16_avx2, f16, ADD8_F16C, AVX2_FMA_F16C)
+LEAVES(bf16_avx2, bf16, ADD8_BF16_AVX2, AVX2_FMA_F16C)
+SIDE_BY_SIDE(bf16_avx2, bf16, AVX2_FMA_F16C)
+LEAVES(f16_avx2, f16, ADD8_F16C, AVX2_FMA_F16C)
+SIDE_BY_SIDE(f16_avx2, f16, AVX2_FMA_F16C)
+
+/* The 16-bit statistics once more for AVX-512 (where the CPU and the OS have it): one leaf's
+ * eight accumulators are one register of eight float64, and eight values are widened by
+ * one conversion to it (AVX2 needs two, and a third instruction to split the eight in two
+ * halves: the shuffle unit that all three use is what bounds the AVX2 loop). The same
+ * additions in the same order. */
+typedef double V8 __attribute__((vector_size(64)));
+#define AVX512 __attribute__((target("avx2,fma,f16c,avx512f")))
+#define ADD8_BF16_AVX512(r, p)                                                               \
+    do {                                                                                     \
+        const __m256 v_ = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(LOAD8_16(p)), 16)); \
+        const __m512d d_ = _mm512_cvtps_pd(v_);                                              \
+        (r) = (V8)_mm512_fmadd_pd(d_, d_, (__m512d)(r));                                     \
+    } while (0)
+#define ADD8_F16_AVX512(r, p)                                                                \
+    do {                                                                                     \
+        const __m256 v_ = _mm256_cvtph_ps(LOAD8_16(p));                                      \
+        (r) = (r) + (V8)_mm512_cvtps_pd(_mm256_mul_ps(v_, v_));                              \
+    } while (0)
+#define LEAVES_AVX512(NAME, KIND, ADD, ATTR)                                                          \
+ATTR ALWAYS_INLINE void NAME##_leaves(const unsigned char *a, const Py_ssize_t *off,                  \
+                                      const Py_ssize_t *len, double *sums, const int K)               \
+{                                                                                                     \
+    V8 r[4];                                                                                          \
+    const unsigned char *t[4];                                                                        \
+    Py_ssize_t whole[4], common = PY_SSIZE_T_MAX;                                                     \
+    for (int q = 0; q < K; q++) {                                                                     \
+        t[q] = a + 2 * off[q];                                                                        \
+        whole[q] = len[q] - len[q] % 8;                                                               \
+        common = whole[q] < common ? whole[q] : common;                                               \
+        r[q] = (V8){0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};                                          \
+    }                                                                                                 \
+    Py_ssize_t i;                                                                                     \
+    for (i = 0; i < common; i += 8)                                                                   \
+        for (int q = 0; q < K; q++) ADD(r[q], t[q] + 2 * i);                                          \
+    for (int q = 0; q < K; q++) {                                                                     \
+        Py_ssize_t c;                                                                                 \
+        for (c = i; c < whole[q]; c += 8) ADD(r[q], t[q] + 2 * c);                                    \
+        double res = ((r[q][0] + r[q][1]) + (r[q][2] + r[q][3])) + ((r[q][4] + r[q][5]) + (r[q][6] + r[q][7])); \
+        for (c = whole[q]; c < len[q]; c++) res += square_##KIND(t[q], c);                            \
+        sums[q] = res;                                                                                \
+    }                                                                                                 \
+}
+LEAVES_AVX512(bf16_avx512, bf16, ADD8_BF16_AVX512, AVX512)
+SIDE_BY_SIDE(bf16_avx512, bf16, AVX512)
+LEAVES_AVX512(f16_avx512, f16, ADD8_F16_AVX512, AVX512)
+SIDE_BY_SIDE(f16_avx512, f16, AVX512)
 #endif
 static const int bits_of[] = {64, 32, 16, 16};
 
@@ -606,30 +660,36 @@ static PyObject *scale_f32(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* The AVX2 copies where asked for and the CPU has them, else the baseline ones; returns 1
- * when the AVX2 copies are now in use. */
-static int use_avx2(int wanted)
+/* The copies of the loops: 0 the baseline ones, 1 the AVX2 ones, 2 the AVX2 ones with the
+ * AVX-512 ones for the 16-bit statistics; the highest at most `wanted` that the CPU has.
+ * Returns the level now in use. */
+static int use_copies(int wanted)
 {
     static const Squares baseline[] = {f64_squares, f32_squares, bf16_squares, f16_squares};
-    int on = 0;
+    memcpy(squares_of, baseline, sizeof baseline);
+    scale_f32_loop = scale_f32_baseline;
+    scale16_loop = scale16_baseline;
+    int level = 0;
 #ifdef HAVE_AVX2_COPY
     __builtin_cpu_init();
-    on = wanted && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
-    if (on) {
+    if (wanted >= 1 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")
+            && __builtin_cpu_supports("fma")) {
         squares_of[KIND_F64] = f64_avx2_squares;
         squares_of[KIND_F32] = f32_avx2_squares;
         squares_of[KIND_BF16] = bf16_avx2_squares;
         squares_of[KIND_F16] = f16_avx2_squares;
         scale_f32_loop = scale_f32_avx2;
         scale16_loop = scale16_avx2;
-        return 1;
+        level = 1;
+        if (wanted >= 2 && __builtin_cpu_supports("avx512f")) {  /* checks that the OS saves the registers */
+            squares_of[KIND_BF16] = bf16_avx512_squares;
+            squares_of[KIND_F16] = f16_avx512_squares;
+            level = 2;
+        }
     }
 #endif
     (void)wanted;
-    memcpy(squares_of, baseline, sizeof baseline);
-    scale_f32_loop = scale_f32_baseline;
-    scale16_loop = scale16_baseline;
-    return on;
+    return level;
 }
 
 static PyObject *set_avx2(PyObject *self, PyObject *args)
@@ -637,7 +697,15 @@ static PyObject *set_avx2(PyObject *self, PyObject *args)
     (void)self;
     int wanted;
     if (!PyArg_ParseTuple(args, "p", &wanted)) return NULL;
-    return PyBool_FromLong(use_avx2(wanted));
+    return PyBool_FromLong(use_copies(wanted ? 2 : 0) > 0);
+}
+
+static PyObject *set_copies(PyObject *self, PyObject *args)
+{
+    (void)self;
+    int wanted;
+    if (!PyArg_ParseTuple(args, "i", &wanted)) return NULL;
+    return PyLong_FromLong(use_copies(wanted));
 }
 
 static PyMethodDef methods[] = {
@@ -657,8 +725,11 @@ static PyMethodDef methods[] = {
      "written to `left`; -1 (nothing done) where the FPU flushes subnormals."},
     {"set_avx2", set_avx2, METH_VARARGS,
      "set_avx2(wanted) -> bool: use the AVX2 copies of the loops (where the CPU has AVX2, F16C\n"
-     "and FMA) or the baseline ones; returns whether the AVX2 copies are in use. For the tests:\n"
-     "both give the same bits."},
+     "and FMA; with the AVX-512 ones where it has that too) or the baseline ones; returns whether\n"
+     "the AVX2 copies are in use. For the tests: all give the same bits."},
+    {"set_copies", set_copies, METH_VARARGS,
+     "set_copies(level) -> level in use: 0 the baseline loops, 1 the AVX2 ones, 2 the AVX2 ones\n"
+     "and the AVX-512 ones for the 16-bit statistics; the highest at most `level` the CPU has."},
     {"unit_stats", unit_stats, METH_VARARGS,
      "unit_stats(data, kind, chunk) -> (sum_of_squares, smallest, largest)\n\n"
      "data: a unit's stored bytes, C-contiguous; kind: 0 float64, 1 float32, 2 bfloat16,\n"
@@ -671,6 +742,6 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fused", NULL, -1, m
 
 PyMODINIT_FUNC PyInit__fused(void)
 {
-    use_avx2(1);
+    use_copies(2);
     return PyModule_Create(&module);
 }
