@@ -1,0 +1,63 @@
+"""HDF5 files whose structure is legal but unusual, or hostile: data placed inside the file's own
+metadata is refused before anything is written; a group graph with a cycle (a hard link back to the
+root) is read and rewritten with its links kept."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from tclip.cli import cli
+from tclip.errors import FormatError
+from tclip.formats import open_reader
+
+
+def run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def _data_inside(tmp_path: Path, signature: bytes) -> Path:
+    """A v0 HDF5 file whose contiguous tensor 'b' claims the bytes of a metadata record
+    (``TREE``: the root group's B-tree, ``SNOD``: its symbol table node, ``HEAP``: its local heap)."""
+    path = tmp_path / "inside.h5"
+    with h5py.File(path, "w", libver="earliest") as f:
+        f.create_group("model.layers.0")["weight"] = np.arange(16, dtype=np.float32) / 16
+        f["b"] = np.full(8, 0.5, np.float32)  # 32 bytes: within each record's size
+        offset = f["b"].id.get_offset()
+    data = bytearray(path.read_bytes())
+    packed = struct.pack("<Q", offset)
+    assert data.count(packed) == 1
+    at = data.find(packed)
+    data[at:at + 8] = struct.pack("<Q", data.find(signature))
+    path.write_bytes(bytes(data))
+    return path
+
+
+@pytest.mark.parametrize("signature", [b"SNOD", b"TREE", b"HEAP"])
+def test_data_inside_the_files_metadata_is_refused(tmp_path, signature):
+    path = _data_inside(tmp_path, signature)
+    before = path.read_bytes()
+    with pytest.raises(FormatError, match="lies inside the file's own structure"):
+        open_reader(path)
+    for command in (["norm", "--clip", "1e-3"], ["global", "--clip", "1e-3"], ["report"]):
+        result = run(*command, path)
+        assert result.exit_code == 1, result.output
+        assert result.stderr.splitlines() == [
+            f"Error: {path}: the data of tensor 'b' lies inside the file's own structure (object headers, "
+            "B-trees or heaps); refused as malformed"], result.stderr
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["inside.h5"]
+
+
+def test_data_beside_metadata_is_read(tmp_path):
+    # Every dataset right after its own object header, as HDF5 writes small files: no false alarm.
+    path = tmp_path / "small.h5"
+    with h5py.File(path, "w", libver="earliest") as f:
+        for i in range(20):
+            f[f"model.layers.{i}.self_attn.k_proj.weight"] = np.full((4, i + 1), i, np.float32)
+    with open_reader(path) as reader:
+        assert len(reader.tensors) == 20
