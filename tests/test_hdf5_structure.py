@@ -61,3 +61,25 @@ def test_data_beside_metadata_is_read(tmp_path):
             f[f"model.layers.{i}.self_attn.k_proj.weight"] = np.full((4, i + 1), i, np.float32)
     with open_reader(path) as reader:
         assert len(reader.tensors) == 20
+
+
+@pytest.mark.parametrize("libver", ["earliest", "latest"])
+def test_a_hard_link_back_to_the_root_is_read_and_kept(tmp_path, libver):
+    # Cycles in the group graph are legal HDF5: each object is visited once, under its first name.
+    path = tmp_path / "cycle.h5"
+    weight = np.arange(12, dtype=np.float32).reshape(3, 4)
+    with h5py.File(path, "w", libver=libver) as f:
+        layer = f.create_group("model.layers.0.self_attn")
+        layer["k_proj.weight"] = weight
+        layer["root"] = f["/"]
+    with open_reader(path) as reader:
+        assert list(reader.tensors) == ["model.layers.0.self_attn/k_proj.weight"]
+    result = run("norm", "--clip", "1", path)
+    assert result.exit_code == 0, result.output
+    with h5py.File(tmp_path / "cycle.clipped.h5", "r") as out:
+        layer = out["model.layers.0.self_attn"]
+        assert h5py.h5o.get_info(layer["root"].id).addr == h5py.h5o.get_info(out["/"].id).addr
+        clipped = layer["k_proj.weight"][()]
+        np.testing.assert_allclose(clipped, weight / np.linalg.norm(weight.astype(np.float64)), rtol=1e-6)
+        assert np.array_equal(out["model.layers.0.self_attn/root/model.layers.0.self_attn/k_proj.weight"][()],
+                              clipped)

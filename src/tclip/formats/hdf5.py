@@ -298,7 +298,7 @@ class Hdf5Reader(TensorReader):
         try:
             self.metadata = attributes(self.file)
             self._note_header(self.file, "the root group")
-            self._walk(self.file, set())
+            self._walk(self.file, {self.file["/"].id})  # a link back to the root is a legal cycle
             self._mark_optimizer_state()
             self._check_overlaps()
             if masked is None:
