@@ -471,13 +471,17 @@ def _add_moments(values: np.ndarray, moments: UnitMoments) -> None:
 
 
 def _reduce_complex(wide: np.ndarray, axes: tuple[int, ...] | None, l1: bool) -> tuple:
-    squares = (wide * wide.conj()).real
-    if axes is None:
-        sum_sq: float | np.ndarray = float(np.add.reduce(squares.reshape(-1)))
-        finite = math.isfinite(sum_sq)
-    else:
-        sum_sq = np.add.reduce(squares, axis=axes)
-        finite = bool(np.isfinite(sum_sq).all())
+    # |z|**2 as re**2 + im**2: z * conj(z) would also form re*im - im*re, which is inf - inf
+    # (NaN, and a NumPy warning) once the parts pass 1e154; an overflow to inf is the norm's.
+    with np.errstate(over="ignore", invalid="ignore"):
+        squares = np.square(wide.real)
+        squares += np.square(wide.imag)
+        if axes is None:
+            sum_sq: float | np.ndarray = float(np.add.reduce(squares.reshape(-1)))
+            finite = math.isfinite(sum_sq)
+        else:
+            sum_sq = np.add.reduce(squares, axis=axes)
+            finite = bool(np.isfinite(sum_sq).all())
     nans = infs = 0
     magnitude = np.abs(wide)
     if not finite:
