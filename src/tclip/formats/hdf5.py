@@ -24,6 +24,7 @@ dataset of fill values) is refused before anything is read.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import math
@@ -41,7 +42,7 @@ from ..core.dtypes import ML_FLOAT_TYPES
 from ..core.units import Index, flat_rectangles
 from ..errors import FormatError, UnsupportedError
 from ._blocks import contiguous_span, normalize_index
-from ._h5probe import Child, decode_values, walk_seconds
+from ._h5probe import Child, beat, decode_values, walk_seconds
 from ._h5mask import MaskedFile
 from ._h5probe import isolated as isolated_by_default
 from ._io import copy_except, copy_range, flat_result, pread_into, pwrite_all
@@ -228,6 +229,7 @@ def attributes(obj: h5py.HLObject) -> dict[str, Any]:
     except _H5_ERRORS:
         return {"<attributes>": "<unreadable>"}
     for key in names:
+        beat()
         out[key] = _attribute(obj, key)
     return out
 
@@ -320,6 +322,7 @@ class Hdf5Reader(TensorReader):
         each object once; soft and external links are not followed."""
         h5py = import_h5py()
         for key in group:
+            beat()
             if not isinstance(group.get(key, getlink=True), h5py.HardLink):
                 continue
             obj = group[key]
@@ -430,13 +433,20 @@ class Hdf5Reader(TensorReader):
                     self._data_spans.setdefault(label, []).append((offset, offset + size))
             elif layout == h5py.h5d.CHUNKED and hasattr(dataset.id, "chunk_iter"):
                 chunks: list[tuple[tuple[int, ...], int, int]] = []
+                # A damaged index can list chunks without end (a B-tree with a cycle): no more
+                # than the dataset can hold are noted (reading it reports the problem).
+                most = math.prod(-(-n // c) for n, c in zip(dataset.shape, dataset.chunks))
 
-                def note(chunk: Any) -> None:
+                def note(chunk: Any) -> int | None:
+                    beat()
+                    if len(chunks) >= most:
+                        return 1  # stops the iteration
                     chunks.append((tuple(chunk.chunk_offset), chunk.byte_offset, chunk.size))
                     if chunk.size:
                         self._spans.append((chunk.byte_offset, chunk.byte_offset + chunk.size, label))
                         self._data_spans.setdefault(label, []).append((chunk.byte_offset,
                                                                        chunk.byte_offset + chunk.size))
+                    return None
 
                 dataset.id.chunk_iter(note)
                 return chunks
@@ -494,7 +504,9 @@ class Hdf5Reader(TensorReader):
 
     def _fingerprint(self) -> str:
         description, table = self.describe()
-        return json.dumps(description, sort_keys=True, default=str) + table.hex()
+        digest = hashlib.sha256(json.dumps(description, sort_keys=True, default=str).encode("utf-8"))
+        digest.update(table)
+        return digest.hexdigest()
 
     def _masked_fingerprint(self, labels: list[str]) -> str | None:
         spans = [span for label in labels for span in self._data_spans[label]]
@@ -529,7 +541,9 @@ class Hdf5Reader(TensorReader):
         of the raw-chunked tensors (int64 rows: corner..., offset, size)."""
         tables: list[int] = []
         for name in self.raw_chunks:
-            for corner, offset, size in self._chunk_table.get(name, ()):
+            for i, (corner, offset, size) in enumerate(self._chunk_table.get(name, ())):
+                if not i & 0xFFFF:
+                    beat()
                 tables += (*corner, offset, size)
         description = {
             # every field the walk sets: a field left out here is lost for every file read in a child
