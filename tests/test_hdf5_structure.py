@@ -83,3 +83,23 @@ def test_a_hard_link_back_to_the_root_is_read_and_kept(tmp_path, libver):
         np.testing.assert_allclose(clipped, weight / np.linalg.norm(weight.astype(np.float64)), rtol=1e-6)
         assert np.array_equal(out["model.layers.0.self_attn/root/model.layers.0.self_attn/k_proj.weight"][()],
                               clipped)
+
+
+def test_a_chunk_inside_the_files_metadata_is_refused(tmp_path):
+    path = tmp_path / "chunks.h5"
+    with h5py.File(path, "w", libver="earliest") as f:
+        f.create_group("model.layers.0")["bias"] = np.ones(4, np.float32)
+        f.create_dataset("model.layers.0/weight", data=np.ones((8, 2), np.float32), chunks=(2, 2))
+        offsets = []
+        f["model.layers.0/weight"].id.chunk_iter(lambda chunk: offsets.append(chunk.byte_offset))
+    data = bytearray(path.read_bytes())
+    packed = struct.pack("<Q", offsets[1])
+    assert data.count(packed) == 1
+    at = data.find(packed)
+    data[at:at + 8] = struct.pack("<Q", data.find(b"SNOD"))  # the second chunk on a symbol table node
+    path.write_bytes(bytes(data))
+    result = run("norm", "--clip", "1", path)
+    assert result.exit_code == 1 and result.stderr == (
+        f"Error: {path}: the data of tensor 'model.layers.0/weight' lies inside the file's own structure (object "
+        "headers, B-trees or heaps); refused as malformed\n"), result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chunks.h5"]
