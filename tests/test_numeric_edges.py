@@ -100,3 +100,22 @@ def test_a_complex32_tensor_is_carried_and_the_rest_clipped(tmp_path):
         assert out["model.rotary_emb.freqs"].view(torch.int32).numpy().tobytes() == rotary_bytes
         clipped = out["model.layers.0.mlp.up_proj.weight"].numpy()
     np.testing.assert_allclose(clipped, weight / np.linalg.norm(weight.astype(np.float64)), rtol=1e-6)
+
+
+NEAR_MAX = {"model.embed_tokens.weight": np.array([[1.5e308, 1.5e308], [-1.7e308, 1e-300]]),
+            "model.layers.0.mlp.up_proj.weight": np.full((4, 2), 1e154)}
+
+
+@pytest.mark.parametrize("command", [["report", "--json", "--axes", "1"], ["report", "--stats"],
+                                     ["report", "--ord", "1"], ["report", "--ord", "1", "--axes", "1"]],
+                         ids=["moments", "stats", "l1", "l1-rows"])
+def test_float64_sums_past_the_largest_float_leak_no_numpy_warning(tmp_path, command):
+    # The sum of the values (for the mean), of their magnitudes (L1) or of per-row sums of
+    # squares passes float64's largest: the result is inf, said once by tclip, never by NumPy.
+    source = tmp_path / "embeddings.npz"
+    np.savez(source, **NEAR_MAX)
+    with warnings.catch_warnings():
+        warnings.simplefilter("default")
+        result = run(*command, source)
+    assert result.exit_code == 0, result.output
+    assert "encountered" not in result.stderr and "Warning: " not in result.stderr, result.stderr
