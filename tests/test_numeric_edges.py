@@ -119,3 +119,14 @@ def test_float64_sums_past_the_largest_float_leak_no_numpy_warning(tmp_path, com
         result = run(*command, source)
     assert result.exit_code == 0, result.output
     assert "encountered" not in result.stderr and "Warning: " not in result.stderr, result.stderr
+
+
+def test_the_api_keeps_tensors_for_an_infinite_limit_and_an_overflowing_norm():
+    import tclip
+
+    tensors = [np.array([3e200, 1.0]), np.array([0.5], np.float32)]
+    clipped, g = tclip.clip_by_global_norm(tensors, float("inf"))
+    assert g == float("inf")
+    assert [c.tobytes() for c in clipped] == [t.tobytes() for t in tensors]
+    nan_clipped, nan_g = tclip.clip_by_global_norm([np.array([np.nan, 1.0])], float("inf"))
+    assert np.isnan(nan_g) and np.isnan(nan_clipped[0]).all()  # a NaN norm still poisons, as in TensorFlow
