@@ -103,3 +103,21 @@ def test_a_chunk_inside_the_files_metadata_is_refused(tmp_path):
         f"Error: {path}: the data of tensor 'model.layers.0/weight' lies inside the file's own structure (object "
         "headers, B-trees or heaps); refused as malformed\n"), result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["chunks.h5"]
+
+
+@pytest.mark.parametrize("libver", ["earliest", "latest"])
+def test_a_file_with_a_user_block_is_read_and_clipped(tmp_path, libver):
+    # Object header addresses count from the superblock (after the user block), data offsets from
+    # the file's start: a header 1072 bytes past the superblock is no overlap with it.
+    path = tmp_path / "ub.h5"
+    weight = np.arange(1, 17, dtype=np.float32).reshape(4, 4)
+    with h5py.File(path, "w", userblock_size=1024, libver=libver) as f:
+        f["model.layers.0/weight"] = weight
+        f.create_dataset("model.layers.0/bias", data=np.ones((8, 8)), chunks=(2, 8))
+        f["model.layers.0"].attrs["note"] = "y" * 30
+    result = run("norm", "--clip", "1", path)
+    assert result.exit_code == 0, result.output
+    with h5py.File(tmp_path / "ub.clipped.h5", "r") as out:
+        assert out.userblock_size == 1024
+        np.testing.assert_allclose(out["model.layers.0/weight"][()],
+                                   weight / np.linalg.norm(weight.astype(np.float64)), rtol=1e-6)

@@ -298,6 +298,7 @@ class Hdf5Reader(TensorReader):
             self.close()
             raise FormatError(f"not a valid HDF5 file ({_first_line(error)})", path) from None
         try:
+            self._base = self.file.userblock_size
             self.metadata = attributes(self.file)
             self._note_header(self.file, "the root group")
             self._walk(self.file, {self.file["/"].id})  # a link back to the root is a legal cycle
@@ -411,7 +412,9 @@ class Hdf5Reader(TensorReader):
     def _note_header(self, obj: h5py.HLObject, label: str) -> None:
         h5py = import_h5py()
         try:
-            address = h5py.h5o.get_info(obj.id).addr
+            # (HDF5 addresses count from the superblock, after any user block; data offsets
+            # and the spans noted here count from the file's start)
+            address = h5py.h5o.get_info(obj.id).addr + self._base
         except _H5_ERRORS:
             return
         # The fixed start of an object header (16 bytes in version 1; a version 2
