@@ -51,17 +51,19 @@ def output_for(path: Path, options: ClipOptions) -> Path:
 
 def check_outputs(outputs: dict[Path, Path], inputs: list[Path]) -> None:
     """Refuse, before anything is written, an output (``outputs`` maps each input to its
-    output) that is one of ``inputs`` -- the same file by device and inode, through
-    symlinks and hard links -- or that two inputs share. ``--force`` replaces old
-    outputs, never an input nor another input's output, so it changes nothing here.
+    output) that is one of ``inputs`` -- the same file by device and inode, named by the
+    input's own directory entry or through a symlink -- or that two inputs share. Another
+    hard link of an input may be an output: the rename replaces that name only, and the
+    input's name keeps the old file. ``--force`` replaces old outputs, never an input nor
+    another input's output, so it changes nothing here.
     """
-    identities: dict[tuple[int, int], Path] = {}
+    identities: dict[tuple[int, int], list[Path]] = {}
     for path in inputs:
         try:
             st = os.stat(path)
         except OSError:
             continue  # reported when it is read
-        identities.setdefault((st.st_dev, st.st_ino), Path(path))
+        identities.setdefault((st.st_dev, st.st_ino), []).append(Path(path))
     claimed: dict[str, Path] = {}
     for source, out in outputs.items():
         try:
@@ -69,7 +71,8 @@ def check_outputs(outputs: dict[Path, Path], inputs: list[Path]) -> None:
         except OSError:
             pass
         else:
-            replaced = identities.get((st.st_dev, st.st_ino))
+            replaced = next((path for path in identities.get((st.st_dev, st.st_ino), ())
+                             if _replaces(Path(out), path)), None)
             if replaced is not None:
                 raise TclipError((f"the output {out} would replace the input {replaced}; nothing was written (",
                                   Option.IN_PLACE, " replaces inputs)"), source)
@@ -77,6 +80,18 @@ def check_outputs(outputs: dict[Path, Path], inputs: list[Path]) -> None:
         if first != source and not _same_file(first, source):
             raise TclipError(f"{first} and {source} would both be written to this file; nothing was written "
                              "(clip them into separate folders)", out)
+
+
+def _replaces(out: Path, path: Path) -> bool:
+    """Whether renaming a file to ``out`` (the same file as input ``path``) replaces the input:
+    ``out`` is a symlink, or the directory entry of ``path`` or of the file it links to. (Names
+    are compared without case: on a case-insensitive file system ``G.npz`` is ``g.npz``.)"""
+    if os.path.islink(out):
+        return True
+    for entry in (path, Path(os.path.realpath(path))):
+        if out.name.casefold() == entry.name.casefold() and _same_file(out.parent, entry.parent):
+            return True
+    return False
 
 
 def _same_file(a: Path, b: Path) -> bool:
