@@ -10,7 +10,7 @@ import math
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import click
 
@@ -109,9 +109,13 @@ def budget_options(f: Callable) -> Callable:
                              "[default: the machine's cores].")(f)
 
 
-def selection_options(f: Callable, verb: str = "Clip") -> Callable:
+@overload
+def selection_options(f: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]: ...
+@overload
+def selection_options(f: Callable[..., Any], verb: str = "Clip") -> Callable[..., Any]: ...
+def selection_options(f: Callable[..., Any] | str, verb: str = "Clip") -> Callable[..., Any]:
     if isinstance(f, str):  # @selection_options("Report"): the verb for the help text
-        return functools.partial(selection_options, verb=f)  # type: ignore[return-value]
+        return functools.partial(selection_options, verb=f)
     f = click.option("--exclude", multiple=True, metavar="GLOB",
                      help="Leave tensors whose names match (repeatable).")(f)
     return click.option("--include", multiple=True, metavar="GLOB",

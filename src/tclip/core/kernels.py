@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 import ml_dtypes
@@ -42,6 +43,7 @@ import numpy as np
 from .dtypes import is_complex
 from .units import UNIT_ELEMENTS
 
+_fused: ModuleType | None
 try:  # optional: built where a C compiler was at install time (see setup.py)
     from . import _fused
 except ImportError:  # pragma: no cover - depends on the install
@@ -287,7 +289,7 @@ def _find_chunk() -> int:
 
 
 def _rows_agree() -> bool:
-    if fused_chunk() != 1 << 62:
+    if _fused is None or fused_chunk() != 1 << 62:
         return False
     probe = _probe(7 * 24_581).reshape(7, 1, 24_581)
     sums = np.empty(7)
@@ -318,7 +320,7 @@ def _reduce_fused(x: np.ndarray, extremes: bool) -> tuple | None:
     apply (no extension, another dtype or layout, NaN or Inf in the unit: NumPy's way then)."""
     kind = _fused_kind(x)
     chunk = fused_chunk() if kind is not None else 0
-    if not chunk:
+    if not chunk or kind is None or _fused is None:
         return None
     sum_sq, low, high = _fused.unit_stats(x.reshape(-1).view(np.uint8), kind, chunk)
     if not math.isfinite(sum_sq):  # NaN or Inf are in there: counted by the NumPy code
@@ -330,7 +332,7 @@ def _reduce_fused_rows(x: np.ndarray, extremes: bool) -> tuple | None:
     """:func:`reduce_unit` over every axis but the first by the C loop (one sum per index of
     the first axis), or None where it does not apply (as :func:`_reduce_fused`)."""
     kind = _fused_kind(x)
-    if kind is None or not fused_rows():
+    if kind is None or not fused_rows() or _fused is None:
         return None
     sums = np.empty(x.shape[0], np.float64)
     low, high = _fused.row_stats(x.reshape(-1).view(np.uint8), kind, x.size // x.shape[0], sums)
@@ -550,7 +552,7 @@ def _scale_float32_fused(x: np.ndarray, factor: np.ndarray | float) -> bool:
     machine's byte order and ``factor`` is one value or one per row (first axis); False
     (nothing done) otherwise. The same product and rounding as NumPy's call below:
     0.8 -> 0.3 ns an element (one core)."""
-    if not x.flags.c_contiguous or x.dtype.byteorder not in "=<|" or not x.size:
+    if _fused is None or not x.flags.c_contiguous or x.dtype.byteorder not in "=<|" or not x.size:
         return False
     factors = np.asarray(factor, np.float64)
     if factors.size == 1:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .dtypes import ML_FLOAT_TYPES, is_bool, is_floating, is_integral
-from .stats import TensorStats, kept_index, normalize_axes
+from .stats import Axes, TensorStats, kept_index, normalize_axes, parse_axes
 from .units import Index
 
 # --------------------------------------------------------------------------- arguments
@@ -211,9 +211,12 @@ class NormClip:
     """clip_by_norm per tensor, over ``axes`` (None: the whole tensor)."""
 
     clip_norm: float
-    axes: object = None
+    axes: Axes = None  # an int or a sequence of ints is taken too, and kept as parsed (a tuple)
 
     name = "norm"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "axes", parse_axes(self.axes))
 
 
 @dataclass(frozen=True)

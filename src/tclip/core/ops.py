@@ -28,7 +28,7 @@ from .modes import (
     norm_scale,
     value_bounds,
 )
-from .stats import TensorStats, normalize_axes
+from .stats import AxesLike, TensorStats, normalize_axes
 
 __all__ = [
     "clip_by_value",
@@ -93,7 +93,7 @@ def clip_by_value(t: Any, clip_value_min: Any, clip_value_max: Any) -> np.ndarra
     return clip_values(array, lo, hi)
 
 
-def clip_by_norm(t: Any, clip_norm: Any, axes: Any = None) -> np.ndarray:
+def clip_by_norm(t: Any, clip_norm: Any, axes: AxesLike = None) -> np.ndarray:
     """Scale ``t`` so that its L2 norm (per slice along ``axes``) is at most ``clip_norm``.
 
     Computes ``t * clip_norm / max(n, clip_norm)`` where ``n`` is the L2 norm of

@@ -23,6 +23,7 @@ import math
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 import numpy as np
 
@@ -61,6 +62,31 @@ def axes_fault(items: Sequence[object], ndim: int) -> AxesFault | None:
     return None
 
 
+Axes: TypeAlias = "tuple[int, ...] | None"
+"""Axes as parsed where a caller gives them (:func:`parse_axes`): integers, negatives counting
+from the last axis, in the caller's order; None: the whole tensor. Each tensor's rank checks
+them (:func:`normalize_axes`), as one set of axes serves tensors of many ranks."""
+
+AxesLike: TypeAlias = "int | np.integer | Sequence[int | np.integer] | np.ndarray | None"
+"""What the public functions take as axes (TensorFlow's forms): None, an int or a sequence of ints."""
+
+
+def parse_axes(axes: AxesLike, *, argname: str = "axes") -> Axes:
+    """``axes`` as given by a caller, as :data:`Axes`: once, where the library receives them.
+
+    Raises:
+        TypeError: an axis is not an integer (bool is not one).
+    """
+    if axes is None:
+        return None
+    parsed = []
+    for item in axes_items(axes):
+        if isinstance(item, (bool, np.bool_)) or not isinstance(item, (int, np.integer)):
+            raise TypeError(f"{argname}: expected integers, got {item!r}")
+        parsed.append(operator.index(item))
+    return tuple(parsed)
+
+
 def axes_items(axes: object) -> list[object]:
     """``axes`` (an int or a sequence of ints) as a list of its items."""
     if isinstance(axes, np.ndarray):
@@ -68,7 +94,7 @@ def axes_items(axes: object) -> list[object]:
     return [axes] if not isinstance(axes, Sequence) or isinstance(axes, str) else list(axes)
 
 
-def normalize_axes(axes: object, ndim: int, *, argname: str = "axes") -> tuple[int, ...] | None:
+def normalize_axes(axes: AxesLike, ndim: int, *, argname: str = "axes") -> tuple[int, ...] | None:
     """Turn ``axes`` (None, an int or a sequence of ints) into sorted non-negative axes.
 
     None means "all dimensions" and is returned as None; ``[]`` means "no
@@ -158,7 +184,9 @@ class TensorStats:
 
     shape: tuple[int, ...]
     axes: tuple[int, ...] | None = None
-    sum_of_squares: np.ndarray = field(default=None)  # type: ignore[assignment]
+    # None (the default) is replaced in __post_init__, from shape and axes; the dataclass field cannot
+    # say so without making every reader check for None
+    sum_of_squares: np.ndarray = field(default=None)  # type: ignore[arg-type]
     sum_abs: float = 0.0
     max_abs: float = 0.0
     nan_count: int = 0
@@ -187,14 +215,14 @@ class TensorStats:
             self.moments = Moments()
 
     @classmethod
-    def empty(cls, shape: Sequence[int], axes: object = None, *, track_l1: bool = False,
+    def empty(cls, shape: Sequence[int], axes: AxesLike = None, *, track_l1: bool = False,
               track_moments: bool = False) -> "TensorStats":
         """Statistics of nothing yet, for a tensor of ``shape`` reduced over ``axes``."""
         return cls(tuple(shape), normalize_axes(axes, len(shape)), track_l1=track_l1,
                    track_moments=track_moments)
 
     @classmethod
-    def of(cls, array: np.ndarray, axes: object = None, *, track_l1: bool = False,
+    def of(cls, array: np.ndarray, axes: AxesLike = None, *, track_l1: bool = False,
            track_moments: bool = False) -> "TensorStats":
         """Statistics of a whole in-memory array."""
         array = np.asarray(array)

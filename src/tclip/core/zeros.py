@@ -18,6 +18,7 @@ exact and read bit patterns only:
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import numpy as np
 
@@ -36,7 +37,7 @@ def _zero_codes(dtype: np.dtype) -> tuple[int, ...] | None:
     return tuple(int(c) for c in np.flatnonzero(values == 0))
 
 
-def _unsigned(dtype: np.dtype) -> type:
+def _unsigned(dtype: np.dtype) -> type[np.unsignedinteger[Any]]:
     return np.uint8 if dtype.itemsize == 1 else np.uint16
 
 

@@ -11,7 +11,7 @@ import errno
 import os
 import sys
 from collections.abc import Collection
-from typing import Any, BinaryIO
+from typing import IO, Any
 
 import numpy as np
 
@@ -176,7 +176,7 @@ def copy_except(source_fd: int, target_fd: int, size: int, holes: Collection[tup
         copy_range(source_fd, position, size - position, target_fd, position, path)
 
 
-def write_all(handle: BinaryIO, data: np.ndarray, fortran: bool = False) -> None:
+def write_all(handle: IO[bytes], data: np.ndarray, fortran: bool = False) -> None:
     """Write an array's bytes in storage order without an extra copy where possible."""
     array = np.asarray(data)
     if fortran:

@@ -23,7 +23,7 @@ import math
 import os
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -330,7 +330,7 @@ class TensorReader(ABC):
         several tensors: tied weights, slices of one buffer), for people. None elsewhere."""
         return []
 
-    def overlaps(self) -> list[tuple[str, str, bool]]:
+    def overlaps(self) -> Sequence[tuple[str, str, bool]]:
         """Pairs ``(first, second, same_view)`` of tensors whose data share bytes of the file
         (tied weights and views of one buffer in a PyTorch file): rewriting the file in its
         own format writes such bytes once. None where every tensor has bytes of its own."""

@@ -19,7 +19,7 @@ import struct
 import warnings
 from collections.abc import Collection
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import IO, Any
 
 import numpy as np
 from numpy.lib import format as npy_format
@@ -50,7 +50,7 @@ MAX_HEADER_SIZE = 10000
 _PY2_LONG = re.compile(r"(?<=[0-9])L\b")
 
 
-def parse_header(stream: BinaryIO, path: object, name: str,
+def parse_header(stream: IO[bytes], path: object, name: str,
                  allow_objects: bool = False) -> tuple[np.dtype, tuple[int, ...], bool, int]:
     """Read an .npy header from ``stream``: (dtype, shape, fortran_order, header length).
 

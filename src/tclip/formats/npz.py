@@ -446,7 +446,7 @@ class NpzWriter(TensorWriter):
                 fp.close()
             except Exception:
                 pass
-        self._zip.fp = None  # type: ignore[assignment]
+        self._zip.fp = None
         try:
             self._file.close()
         except Exception:

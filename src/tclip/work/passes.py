@@ -56,6 +56,7 @@ A tensor whose :class:`~tclip.formats.base.TensorInfo` carries an ``encoding``
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -180,7 +181,7 @@ def source_for(reader: TensorReader, name: str, held: HeldTensors | None = None)
     """How a walk reads tensor ``name``: its encoding's source, the copy pass 1 kept, or the reader."""
     info = reader.tensors[name]
     if info.encoding is not None:
-        return info.encoding.source(reader, info)  # type: ignore[no-any-return]
+        return info.encoding.source(reader, info)
     if held is not None and name in held.data:
         return HeldSource(held.data[name])
     return StoredSource(reader, name)
@@ -322,11 +323,14 @@ def run_pass(steps: Iterable[Walk | Action], budget: Budget, work: Callable[[Blo
         if progress is not None:
             progress(nbytes)
 
+    def run_action(action: Action) -> None:
+        advance(action.run())
+
     with BlockRunner(budget, itemsize) as runner:
         def jobs() -> Iterator[Job]:
             for step in steps:
                 if isinstance(step, Action):
-                    yield Job(step.name, kind="main", action=lambda s=step: advance(s.run()))
+                    yield Job(step.name, kind="main", action=functools.partial(run_action, step))
                     continue
                 for job in tensor_jobs(step.name, step.grid, step.itemsize, runner.block_bytes, step.align):
                     job.step = step

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ..core.dtypes import is_floating
 from ..core.modes import Mode
+from ..core.stats import Axes
 from ..errors import NonFiniteError, TclipError, UnsupportedError
 from ..messages import Option
 from ..text import name_list, natural_key
@@ -67,10 +68,10 @@ def _by_reason(entries: list[TensorEntry]) -> str:
     return "; ".join(f"{name_list(names)} ({reason})" for reason, names in groups.items())
 
 
-def _axes_text(axes: object) -> str:
+def _axes_text(axes: Axes) -> str:
     if axes is None:
         return ""
-    return ",".join(str(a) for a in ([axes] if isinstance(axes, int) else axes))  # type: ignore[union-attr]
+    return ",".join(str(a) for a in axes)
 
 
 def check_nonfinite(report: FileReport, options: ClipOptions, where: object) -> None:

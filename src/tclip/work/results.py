@@ -17,7 +17,7 @@ import numpy as np
 
 from ..core.dtypes import dtype_name
 from ..messages import Naming, Tagged, library_name, spelled
-from .selection import SkipKind
+from .selection import Skip, SkipKind
 
 _NOT_SELECTED = SkipKind.NOT_SELECTED
 # Selected tensors a check could not measure: the format refused them, their type is unreadable,
@@ -89,7 +89,7 @@ class TensorReport:
     norm_after: float | None = None
     scale: float | None = None
     clipped: bool = False
-    skipped: str | None = None
+    skipped: Skip | None = None
     nan: int = 0
     inf: int = 0
     max_abs: float | None = None
@@ -141,7 +141,7 @@ class TensorReport:
     def selected(self) -> bool:
         """Whether the selection (--include/--exclude) picked it; an unselected tensor is
         not *skipped*: skipped means it was picked and could not be worked on."""
-        return self.skipped is None or getattr(self.skipped, "kind", None) is not _NOT_SELECTED
+        return self.skipped is None or self.skipped.kind is not _NOT_SELECTED
 
     @property
     def numel(self) -> int:
@@ -261,7 +261,7 @@ class FileReport:
     def not_measured_count(self) -> int:
         """Selected tensors tclip could not measure (refused by their format, of a type it cannot
         read, quantized in a way it does not understand): the global norm leaves them out."""
-        return sum(t.selected and getattr(t.skipped, "kind", None) in UNMEASURED for t in self.tensors) + \
+        return sum(t.selected and t.skipped is not None and t.skipped.kind in UNMEASURED for t in self.tensors) + \
             sum(o.not_measured for o in self.others)
 
     @property
@@ -309,12 +309,13 @@ class FileReport:
         if self.metadata:
             data["metadata"] = self.metadata
         if self.dry_run and (self.would_write is not None or self.would_write_files is not None):
-            data["would_write"] = {"output": self.would_write, "exists": self.output_exists,
-                                   "in_place": self.in_place}
+            would_write: dict[str, object] = {"output": self.would_write, "exists": self.output_exists,
+                                              "in_place": self.in_place}
             if self.would_write_files is not None:
-                data["would_write"]["files"] = self.would_write_files
+                would_write["files"] = self.would_write_files
             if self.would_copy:
-                data["would_write"]["copies"] = self.would_copy
+                would_write["copies"] = self.would_copy
+            data["would_write"] = would_write
         if self.copied is not None:
             data["copied"] = self.copied
         if self.not_copied:

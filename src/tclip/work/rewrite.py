@@ -6,6 +6,7 @@ appears atomically, only when everything succeeded."""
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import time
 from collections.abc import Callable
@@ -15,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ..core.kernels import Scratch, clip_unit, scale_unit
-from ..core.stats import TensorStats, kept_index, normalize_axes
+from ..core.stats import Axes, TensorStats, kept_index, normalize_axes
 from ..core.zeros import counted, counts_flushes, flush_limit, flushed_count, nonzero_count
 from ..errors import TclipError, UnsupportedError
 from ..formats import TensorReader, TensorWriter, create_writer, open_reader
@@ -56,7 +57,7 @@ class RewriteResult:
 
 
 def rewrite_file(source: Path | str | TensorReader, work: dict[str, TensorWork], target: Path | None, *,
-                 axes: object = None, overwrite: bool = False, budget: Budget | None = None,
+                 axes: Axes = None, overwrite: bool = False, budget: Budget | None = None,
                  progress: Progress | None = None, held: HeldTensors | None = None,
                  drop_nonnumeric: bool = False, metadata: dict[str, str] | None = None,
                  writer_factory: Callable[..., TensorWriter] | None = None,
@@ -110,7 +111,7 @@ def carried_loss(reader: TensorReader, target: Path) -> list[str]:
 _WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
 
 
-def _rewrite(reader: TensorReader, work: dict[str, TensorWork], target: Path | None, axes: object,
+def _rewrite(reader: TensorReader, work: dict[str, TensorWork], target: Path | None, axes: Axes,
              overwrite: bool, budget: Budget, progress: Progress | None, held: HeldTensors | None,
              drop_nonnumeric: bool, metadata: dict[str, str] | None,
              writer_factory: Callable[..., TensorWriter] | None, measure_after: bool = True,
@@ -144,11 +145,11 @@ def _rewrite(reader: TensorReader, work: dict[str, TensorWork], target: Path | N
         lossy = {}  # a conversion writes new datasets, without the source's filters
     try:
         _run_rewrite(reader, writer, work, axes, budget, progress, held, written, result, measure_after)
-        if writer is not None:
+        if writer is not None and target is not None:  # (a writer is made only for a target)
             check_same(reader.path, expect)
             writer.commit(commit_marker)
             result.written = getattr(getattr(writer, "output", None), "written", None)
-            result.bytes_written = os.stat(target).st_size  # type: ignore[arg-type]
+            result.bytes_written = os.stat(target).st_size
             if lossy and measure_after:
                 result.after.update(_measure_written(target, {n: result.after[n].axes for n in lossy}, budget))
     except BaseException as error:
@@ -210,7 +211,7 @@ def _rewritten(reader: TensorReader, stored: TensorReader, work: dict[str, Tenso
     return names
 
 
-def _encoded_steps(reader: TensorReader, writer: TensorWriter | None, work: dict[str, TensorWork], axes: object,
+def _encoded_steps(reader: TensorReader, writer: TensorWriter | None, work: dict[str, TensorWork], axes: Axes,
                    result: RewriteResult, measure_after: bool) -> tuple[dict[str, Action], list[Walk]]:
     """For each encoded tensor with work: the jobs that rewrite its scale parts (by stored
     name) and the walk measuring what they leave (its after-statistics)."""
@@ -255,7 +256,7 @@ def _check_encoded(reader: TensorReader, walks: list[Walk], result: RewriteResul
             result.flushed[walk.name] = flushed
 
 
-def _run_rewrite(reader: TensorReader, writer: TensorWriter | None, work: dict[str, TensorWork], axes: object,
+def _run_rewrite(reader: TensorReader, writer: TensorWriter | None, work: dict[str, TensorWork], axes: Axes,
                  budget: Budget, progress: Progress | None, held: HeldTensors | None, written: set[str],
                  result: RewriteResult, measure_after: bool = True) -> None:
     steps: list[Walk | Action] = []
@@ -271,7 +272,7 @@ def _run_rewrite(reader: TensorReader, writer: TensorWriter | None, work: dict[s
             continue
         task = work.get(name)
         if task is None or name not in reader.tensors or reader.tensors[name].encoding is not None:
-            steps.append(Action(name, lambda n=name: _copy(stored, writer, n, written)))
+            steps.append(Action(name, functools.partial(_copy, stored, writer, name, written)))
             continue
         tensor_axes = normalize_axes(axes, len(info.shape)) if task.scale is not None and task.scale.ndim else None
         result.after[name] = TensorStats.empty(info.shape, tensor_axes)
@@ -288,7 +289,7 @@ def _run_rewrite(reader: TensorReader, writer: TensorWriter | None, work: dict[s
                                  writer=writer if writer is not None and name in written else None))
     steps += after_walks
 
-    def rewrite(block: Block, scratch: Scratch) -> tuple[list[tuple], int]:
+    def rewrite(block: Block, scratch: Scratch) -> tuple[list[tuple], int, int]:
         walk = block.walk
         task, after = work[walk.name], result.after[walk.name]
         if walk.reducer is not None:  # an encoded tensor's after-statistics: its scales were rewritten
@@ -297,6 +298,7 @@ def _run_rewrite(reader: TensorReader, writer: TensorWriter | None, work: dict[s
         count_flushes = walk.name in flushing
         limit = flushing.get(walk.name)
         results, changed, flushed = [], 0, 0
+        wide: np.ndarray | None
         for k, (unit,) in block.units():
             if task.bounds is not None:
                 count, wide = clip_unit(unit, task.bounds[0], task.bounds[1], scratch)
@@ -313,7 +315,8 @@ def _run_rewrite(reader: TensorReader, writer: TensorWriter | None, work: dict[s
             if scale is not None:
                 wide = scale_unit(unit, scale[kept_index(walk.grid.index(k), unit.ndim, walk.axes)], scratch)
             else:
-                wide = scale_unit(unit, float(task.scale), scratch)  # type: ignore[arg-type]
+                assert task.scale is not None, walk.name  # (without bounds, the plan gives a scale)
+                wide = scale_unit(unit, float(task.scale), scratch)
             if count_flushes and limit is None:
                 flushed += nonzero - nonzero_count(unit, scratch.bits)
             if measure_after:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..core.dtypes import dtype_name, is_complex, is_floating
-from ..core.stats import axes_fault, axes_items, normalize_axes
+from ..core.stats import Axes, axes_fault, axes_items, normalize_axes
 from ..formats import TensorInfo, TensorReader
 from ..formats.base import EncodingSummary
 from ..messages import Tagged
@@ -69,7 +69,7 @@ class Skip(Tagged):
     kind: SkipKind
 
 
-def axes_problem(ndim: int, axes: object) -> str | None:
+def axes_problem(ndim: int, axes: Axes) -> str | None:
     """Why a tensor of rank ``ndim`` cannot take ``axes`` (None if it can)."""
     if axes is None:
         return None
@@ -88,7 +88,7 @@ def is_rank_skip(reason: Skip | None) -> bool:
     return reason is not None and reason.kind is SkipKind.AXES
 
 
-def skip_reason(info: TensorInfo, selection: Selection, axes: object = None) -> Skip | None:
+def skip_reason(info: TensorInfo, selection: Selection, axes: Axes = None) -> Skip | None:
     """Why a tensor is left as it is (None: it is worked on). Every mode and the
     report select the same tensors: floating ones, matching the globs, whose rank
     can take the axes."""
@@ -129,7 +129,7 @@ class TensorEntry:
     encoding: EncodingSummary | None = None
 
 
-def select(reader: TensorReader, selection: Selection, axes: object = None,
+def select(reader: TensorReader, selection: Selection, axes: Axes = None,
            whole_if_rank_skip: bool = False) -> tuple[list[TensorEntry], dict[str, tuple[int, ...] | None]]:
     """Header-only: every tensor with its skip reason, and the reduction axes of those to read.
 

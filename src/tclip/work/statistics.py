@@ -18,7 +18,7 @@ import numpy as np
 from ..core.exact import ExactSum
 from ..core.kernels import Scratch
 from ..core.quant import Findings
-from ..core.stats import TensorStats
+from ..core.stats import Axes, TensorStats
 from ..errors import TclipError
 from ..formats import SharedElements, TensorInfo, TensorReader
 from ..formats.quant_encoding import logical_view, open_logical
@@ -122,7 +122,7 @@ def _check_slice_memory(infos: list[tuple[TensorInfo, tuple[int, ...] | None]], 
                               f"({budget.slice_bytes / 2**20:.0f} MiB); raise ", Option.MEMORY), path)
 
 
-def file_statistics(source: Path | str | TensorReader, *, selection: Selection | None = None, axes: object = None,
+def file_statistics(source: Path | str | TensorReader, *, selection: Selection | None = None, axes: Axes = None,
                     track_l1: bool = False, track_moments: bool = False, budget: Budget | None = None,
                     progress: Progress | None = None, whole_if_rank_skip: bool = False,
                     held: HeldTensors | None = None, layout: QuantLayout | None = None) -> FileStats:
@@ -150,7 +150,7 @@ def file_statistics(source: Path | str | TensorReader, *, selection: Selection |
                            progress, whole_if_rank_skip, held)
 
 
-def _statistics(reader: TensorReader, selection: Selection, axes: object, track_l1: bool, track_moments: bool,
+def _statistics(reader: TensorReader, selection: Selection, axes: Axes, track_l1: bool, track_moments: bool,
                 budget: Budget, progress: Progress | None, whole_if_rank_skip: bool,
                 held: HeldTensors | None) -> FileStats:
     started = time.perf_counter()
@@ -163,7 +163,7 @@ def _statistics(reader: TensorReader, selection: Selection, axes: object, track_
                                      track_moments=track_moments) for name, a in to_read.items()}
     size = os.stat(path).st_size
     result = FileStats(str(path), reader.format_name, size, entries, stats, list(reader.others),
-                       dict(reader.metadata), overlaps=[tuple(o) for o in reader.overlaps()])
+                       dict(reader.metadata), overlaps=[(a, b, same) for a, b, same in reader.overlaps()])
     result.global_scales = _left_out_global_scales(reader, entries)
     result.unmeasured_others = [o.name for o in reader.others if o.unreadable_type and selection.matches(o.name)]
     walks = [tensor_walk(reader, name, axes=stats[name].axes) for name in to_read]

@@ -194,12 +194,11 @@ def summary_json(reports: list[FileReport], name: Naming = library_name, *, sort
                  top: int = TOP_CHANGES) -> list[dict[str, Any]]:
     """One object per file, in row order (see :func:`in_row_order`), with the ``top``
     largest changes since the previous file in step order."""
-    naming = name
     items = []
     previous = consecutive(in_step_order(reports, sort))
     for report in in_row_order(reports, sort):
         before = previous[id(report)]
-        name, norm = largest_tensor(report)
+        largest, norm = largest_tensor(report)
         bad = [t for t in report.tensors if t.nonfinite]
         events = nonfinite_events(before, report) if before is not None else ([], [])
         items.append(json_safe({
@@ -209,14 +208,14 @@ def summary_json(reports: list[FileReport], name: Naming = library_name, *, sort
             "global_norm": report.global_norm,
             "tensors": len(report.tensors),
             "tensors_not_measured": report.not_measured_count,
-            "largest": {"name": name, "norm": norm},
+            "largest": {"name": largest, "norm": norm},
             "nonfinite": {"tensors": [t.name for t in bad], "nan": sum(t.nan for t in bad),
                           "inf": sum(t.inf for t in bad)},
             "previous": before.file if before is not None else None,
             "changes": changes(before, report, top) if before is not None else [],
             "nonfinite_appeared": events[0],
             "nonfinite_gone": events[1],
-            "warnings": [spelled(w, naming) for w in report.warnings],
+            "warnings": [spelled(w, name) for w in report.warnings],
             **(report.gate.to_json() if report.gate is not None else {}),
         }))
     return items

@@ -61,7 +61,7 @@ def render_batch(reports: list[FileReport], console: Console, width: int | None)
         Column("after", "after", [Text(x) for x in after], "right", drop=3),
         Column("clipped", "clipped", [Text(f"{r.clipped_count:,}", style="bold red" if r.clipped_count else "dim")
                                       for r in reports], "right"),
-        Column("skipped", "skipped", [Text(f"{r.skipped_count:,}", style=None if r.skipped_count else "dim")
+        Column("skipped", "skipped", [Text(f"{r.skipped_count:,}", style="" if r.skipped_count else "dim")
                                       for r in reports], "right", drop=2),
         Column("nonfinite", "NaN/Inf", [Text(f"{len(r.nonfinite_tensors):,}",
                                              style="bold magenta" if r.nonfinite_tensors else "dim")

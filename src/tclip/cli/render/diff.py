@@ -46,9 +46,10 @@ def render_diff(report: DiffReport, console: Console, width: int | None, *, sort
     gave_way: list[str] = []
     if shown:
         names = [t.name if t.name_b is None else f"{t.name} {symbols.arrow} {t.name_b}" for t in shown]
-        dtypes, short = [], []
-        for t in shown:
-            a, b = dtype_text(t.dtype_a, t.label_a), dtype_text(t.dtype_b, t.label_b)
+        dtypes: list[str] = []
+        short: list[str] = []
+        for t in shown:  # compared tensors: both sides have a dtype, so neither text is None
+            a, b = dtype_text(t.dtype_a, t.label_a) or "", dtype_text(t.dtype_b, t.label_b) or ""
             dtypes.append(a if a == b else f"{a}/{b}")
             short_a = t.label_a or _short(t.dtype_a)
             short.append(short_a if a == b else f"{short_a}/{t.label_b or _short(t.dtype_b)}")
@@ -63,7 +64,7 @@ def render_diff(report: DiffReport, console: Console, width: int | None, *, sort
             Column("max", "max |a−b|" if symbols.arrow == "→" else "max |a-b|",
                    [Text(x) for x in fmt_column([t.max_abs_diff for t in shown])], "right", drop=1),
             Column("cos", "cosine", [Text(_cosine(t.cosine)) for t in shown], "right", drop=0),
-            Column("outside", "differ", [Text(f"{t.outside:,}/{t.elements:,}", style="bold red" if t.outside else None)
+            Column("outside", "differ", [Text(f"{t.outside:,}/{t.elements:,}", style="bold red" if t.outside else "")
                                          for t in shown], "right"),
             Column("nonfinite", "NaN/Inf≠" if symbols.arrow == "→" else "NaN/Inf!=",
                    [Text(str(t.nonfinite_mismatch), style="bold magenta" if t.nonfinite_mismatch else "dim")

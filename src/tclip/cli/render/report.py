@@ -97,7 +97,7 @@ def file_lines(report: FileReport, width: int | None, symbols: Symbols = UNICODE
 
     def numbers(values: list[float | None]) -> list[Text]:
         texts = fmt_column([v if m else None for v, m in zip(values, measured)], dash)
-        return [Text(x if m else "", style=None) for x, m in zip(texts, measured)]
+        return [Text(x if m else "") for x, m in zip(texts, measured)]
 
     reading_order = report.mode == "report"
     columns = [Column("shape", "shape", shapes, drop=3 if reading_order else 1),
