@@ -45,12 +45,12 @@ from types import ModuleType
 from typing import Any
 
 from ..errors import FormatError, TclipError
-from . import gguf, hdf5, npy, npz, safetensors
+from . import dcp, gguf, hdf5, npy, npz, safetensors
 from . import torch as pytorch
 from .atomic import AtomicOutput
 from .base import TensorInfo, TensorReader, TensorWriter
 
-FORMATS: list[ModuleType] = [npy, npz, safetensors, hdf5, pytorch, gguf]
+FORMATS: list[ModuleType] = [npy, npz, safetensors, hdf5, pytorch, gguf, dcp]
 _REQUIRED = ("NAME", "SUFFIXES", "sniff", "Reader", "Writer")
 
 # What a damaged file makes parsers raise besides tclip's own errors.

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TclipError
+from ..formats.dcp import METADATA_NAME, is_dcp_folder
 from ..formats.registry import claimed_by_content, content_suffixes, kept_endings, suffixes
 from ..messages import Option
 from ..text import natural_key
@@ -135,6 +136,9 @@ def expand_files(items: tuple[str, ...], recursive: bool,
         # os.path's tests answer False for a name too long (ENAMETOOLONG) where Path's raise:
         # such an item then fails alone, with one line, when it is opened.
         if os.path.isdir(path):
+            if is_dcp_folder(path):  # a DCP checkpoint: its .metadata stands for the folder
+                yield str(path), path / METADATA_NAME
+                continue
             indexes = folder_indexes(path, notes)
             if indexes:
                 for index in indexes:
@@ -163,6 +167,8 @@ def diff_input(item: str, notes: list[tuple[str, Note]] | None = None) -> str:
     path = Path(item)
     if not path.is_dir():
         return item
+    if is_dcp_folder(path):
+        return str(path / METADATA_NAME)
     indexes = folder_indexes(path, notes)
     if len(indexes) == 1:
         return str(indexes[0])

@@ -1,0 +1,216 @@
+"""PyTorch Distributed Checkpoint (DCP) folders written by the real ``torch.distributed.checkpoint``,
+for tests: this module runs as a script in a child process with torch (tclip's own process never
+imports torch), and the tests call :func:`make` to get a folder and what torch loads back from it.
+
+Kinds:
+
+- ``single``: one process, a torchtitan-style state (bf16 weights, an f32 norm, AdamW state after
+  three steps flattened as ``optimizer.state.<fqn>.exp_avg``, ``train_state``, an lr scheduler);
+- ``ranks2``: two ranks on gloo over 127.0.0.1, DTensors ``Shard(0)`` (uneven: 7x4 and 257x3 on two
+  ranks), ``Shard(1)`` (3x9) and ``Replicate()``;
+- ``safetensors``: one process, ``SerializationFormat.SAFETENSORS`` (torch cannot load it back: the
+  expected values are the tensors saved);
+- ``zstd``: one process, every item through the ``ZStandard`` extension.
+
+Expected values go to ``<out>/expected.npz`` (each tensor's bytes as uint8, keyed by its flat name)
+and ``<out>/expected.json`` (dtype and shape per name, the non-tensor values where they are plain).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve()
+
+
+def make(kind: str, root: Path) -> tuple[Path, dict, dict]:
+    """Write a DCP folder of ``kind`` under ``root``; returns (folder, expected arrays, expected json)."""
+    import numpy as np
+
+    root.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
+    subprocess.run([sys.executable, str(HERE), kind, str(root)], check=True, env=env, timeout=300)
+    with np.load(root / "expected.npz") as data:
+        arrays = {name: data[name] for name in data.files}
+    return root / "ckpt", arrays, json.loads((root / "expected.json").read_text())
+
+
+# ----------------------------------------------------------------------------- the child process
+
+
+def _model_state(torch, nn):  # type: ignore[no-untyped-def]
+    torch.manual_seed(1234)
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.attention = nn.Module()
+            self.attention.wq = nn.Linear(16, 16, bias=False)
+            self.attention.wk = nn.Linear(16, 8, bias=False)
+            self.feed_forward = nn.Module()
+            self.feed_forward.w1 = nn.Linear(16, 24, bias=False)
+            self.attention_norm = nn.RMSNorm(16)
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tok_embeddings = nn.Embedding(32, 16)
+            self.layers = nn.ModuleDict({"0": Block(), "1": Block()})
+            self.norm = nn.RMSNorm(16)
+            self.output = nn.Linear(16, 32, bias=False)
+
+    model = Model()
+    for name, param in model.named_parameters():
+        if "norm" not in name:
+            param.data = param.data.to(torch.bfloat16)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    for _ in range(3):
+        tokens = torch.randint(0, 32, (4, 8))
+        hidden = model.tok_embeddings(tokens)
+        for block in model.layers.values():
+            x = block.attention_norm(hidden.float()).to(torch.bfloat16)
+            hidden = hidden + block.attention.wq(x) + block.feed_forward.w1(x)[..., :16]
+        loss = model.output(model.norm(hidden.float()).to(torch.bfloat16)).float().pow(2).mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        scheduler.step()
+    return model, optimizer, scheduler
+
+
+def _single_state(torch, nn):  # type: ignore[no-untyped-def]
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    model, optimizer, scheduler = _model_state(torch, nn)
+    options = StateDictOptions(flatten_optimizer_state_dict=True)
+    return {
+        **get_model_state_dict(model),
+        "optimizer": get_optimizer_state_dict(model, optimizer, options=options),
+        "lr_scheduler": scheduler.state_dict(),
+        "train_state": {"step": torch.tensor(3, dtype=torch.int32), "global_avg_losses": [0.5, 0.25, 0.125]},
+    }
+
+
+def _flat(state, prefix=""):  # type: ignore[no-untyped-def]
+    for key, value in state.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            yield from _flat(value, f"{name}.")
+        else:
+            yield name, value
+
+
+def _dump(torch, state, out: Path) -> None:  # type: ignore[no-untyped-def]
+    import numpy as np
+
+    arrays, meta = {}, {"tensors": {}, "others": {}}
+    for name, value in _flat(state):
+        if isinstance(value, torch.Tensor):
+            value = value.full_tensor() if hasattr(value, "full_tensor") else value
+            tensor = value.detach().contiguous().reshape(-1)
+            arrays[name] = tensor.view(torch.uint8).numpy().copy() if tensor.numel() else np.zeros(0, np.uint8)
+            meta["tensors"][name] = {"dtype": str(value.dtype).removeprefix("torch."), "shape": list(value.shape)}
+        elif isinstance(value, bool | int | float | str) or value is None:
+            meta["others"][name] = value
+        else:
+            meta["others"][name] = repr(value)
+    np.savez(out / "expected.npz", **arrays)
+    (out / "expected.json").write_text(json.dumps(meta, indent=1))
+
+
+def _load_back(torch, folder: Path):  # type: ignore[no-untyped-def]
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+    return _load_state_dict_from_keys(checkpoint_id=str(folder))
+
+
+def _single(kind: str, out: Path) -> None:
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch import nn
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    state = _single_state(torch, nn)
+    folder = out / "ckpt"
+    if kind == "single":
+        dcp.save(state, checkpoint_id=str(folder), no_dist=True)
+        _dump(torch, _load_back(torch, folder), out)
+    elif kind == "zstd":
+        from torch.distributed.checkpoint._extension import ZStandard
+
+        dcp.save(state, storage_writer=FileSystemWriter(str(folder), _extensions=[ZStandard()]), no_dist=True)
+        _dump(torch, _load_back(torch, folder), out)
+    elif kind == "safetensors":
+        from torch.distributed.checkpoint.filesystem import SerializationFormat
+
+        writer = FileSystemWriter(str(folder), serialization_format=SerializationFormat.SAFETENSORS)
+        dcp.save(state, storage_writer=writer, no_dist=True)
+        _dump(torch, state, out)  # torch 2.13 cannot load this variant back
+    else:
+        raise SystemExit(f"unknown kind {kind}")
+
+
+def _rank(rank: int, port: int, folder: str) -> None:
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        mesh = init_device_mesh("cpu", (2,))
+        generator = torch.Generator().manual_seed(99)
+        full = {
+            "model.layers.0.attention.wq.weight": torch.randn(7, 4, generator=generator),
+            "model.layers.0.feed_forward.w1.weight": torch.randn(257, 3, generator=generator).to(torch.bfloat16),
+            "model.layers.0.attention.wo.weight": torch.randn(3, 9, generator=generator),
+            "model.norm.weight": torch.randn(5, 3, generator=generator),
+            "model.scale": torch.tensor(2.5),
+        }
+        placements = {"model.layers.0.attention.wq.weight": Shard(0), "model.layers.0.feed_forward.w1.weight": Shard(0),
+                      "model.layers.0.attention.wo.weight": Shard(1), "model.norm.weight": Replicate()}
+        state = {name: distribute_tensor(t, mesh, [placements[name]]) if name in placements else t
+                 for name, t in full.items()}
+        state["step"] = 11
+        dcp.save(state, checkpoint_id=folder)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _ranks2(out: Path) -> None:
+    import torch
+    import torch.multiprocessing as mp
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    folder = out / "ckpt"
+    mp.spawn(_rank_entry, args=(port, str(folder)), nprocs=2, join=True)
+    _dump(torch, _load_back(torch, folder), out)
+
+
+def _rank_entry(rank: int, port: int, folder: str) -> None:
+    _rank(rank, port, folder)
+
+
+if __name__ == "__main__":
+    which, target = sys.argv[1], Path(sys.argv[2])
+    target.mkdir(parents=True, exist_ok=True)
+    if which == "ranks2":
+        _ranks2(target)
+    else:
+        _single(which, target)
