@@ -28,17 +28,25 @@ from pathlib import Path
 HERE = Path(__file__).resolve()
 
 
-def make(kind: str, root: Path) -> tuple[Path, dict, dict]:
-    """Write a DCP folder of ``kind`` under ``root``; returns (folder, expected arrays, expected json)."""
-    import numpy as np
+KINDS = ("single", "ranks2", "safetensors", "zstd", "broken")
 
+
+def make_all(root: Path) -> None:
+    """Write every kind under ``root/<kind>`` in one child process (torch is imported once)."""
     root.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
-    subprocess.run([sys.executable, str(HERE), kind, str(root)], check=True, env=env, timeout=300)
-    with np.load(root / "expected.npz") as data:
+    subprocess.run([sys.executable, str(HERE), str(root), *KINDS], check=True, env=env, timeout=600,
+                   capture_output=True)
+
+
+def expected(root: Path, kind: str) -> tuple[Path, dict, dict]:
+    """(folder, expected arrays by name as uint8, expected json) of a kind written by :func:`make_all`."""
+    import numpy as np
+
+    with np.load(root / kind / "expected.npz") as data:
         arrays = {name: data[name] for name in data.files}
-    return root / "ckpt", arrays, json.loads((root / "expected.json").read_text())
+    return root / kind / "ckpt", arrays, json.loads((root / kind / "expected.json").read_text())
 
 
 # ----------------------------------------------------------------------------- the child process
@@ -207,10 +215,99 @@ def _rank_entry(rank: int, port: int, folder: str) -> None:
     _rank(rank, port, folder)
 
 
+class _Payload:
+    """Unpickling this runs a shell command that creates ``marker``: planted to prove nothing is run."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _broken(root: Path) -> None:
+    """Damaged and hostile copies of ``root/ranks2/ckpt``, each in ``root/broken/<name>`` (the
+    mutations go through pickle here, in the child, on files this script wrote itself)."""
+    import dataclasses
+    import io
+    import pickle
+    import shutil
+
+    import torch
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex
+
+    source = root / "ranks2" / "ckpt"
+    wq = "model.layers.0.attention.wq.weight"
+
+    def variant(name, mutate):  # type: ignore[no-untyped-def]
+        folder = root / "broken" / name
+        shutil.copytree(source, folder)
+        with open(folder / ".metadata", "rb") as handle:
+            meta = pickle.load(handle)
+        mutate(meta, folder)
+        with open(folder / ".metadata", "wb") as handle:
+            pickle.dump(meta, handle)
+
+    def key_of(meta, fqn, index=None):  # type: ignore[no-untyped-def]
+        return next(k for k in meta.storage_data if k.fqn == fqn and k.index == index)
+
+    def set_item(meta, key, **changes):  # type: ignore[no-untyped-def]
+        meta.storage_data[key] = dataclasses.replace(meta.storage_data[key], **changes)
+
+    def move_chunk(meta, offsets, sizes):  # type: ignore[no-untyped-def]
+        entry = meta.state_dict_metadata[wq]
+        entry.chunks[1] = ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(sizes))
+        old = key_of(meta, wq, 1)
+        meta.storage_data[MetadataIndex(wq, torch.Size(offsets), 1)] = meta.storage_data.pop(old)
+
+    def append(folder, key_meta, blob):  # type: ignore[no-untyped-def]
+        meta, key = key_meta
+        path = folder / meta.storage_data[key].relative_path
+        offset = path.stat().st_size
+        with open(path, "ab") as handle:
+            handle.write(blob)
+        set_item(meta, key, offset=offset, length=len(blob))
+
+    def hostile_zip(folder):  # type: ignore[no-untyped-def]
+        buffer = io.BytesIO()
+        torch.save(_Payload(str(folder / "PWNED")), buffer)
+        return buffer.getvalue()
+
+    variant("overlap", lambda m, f: move_chunk(m, (3, 0), (3, 4)))
+    variant("gap", lambda m, f: move_chunk(m, (4, 0), (2, 4)))
+    variant("missing_file", lambda m, f: set_item(m, key_of(m, wq, 1), relative_path="__9_0.distcp"))
+    variant("escape", lambda m, f: set_item(m, key_of(m, wq, 1), relative_path="../outside.distcp"))
+    variant("absolute", lambda m, f: set_item(m, key_of(m, wq, 1),
+                                              relative_path=str((f / "__1_0.distcp").resolve())))
+    variant("past_end", lambda m, f: set_item(m, key_of(m, "model.scale", 0),
+                                              length=m.storage_data[key_of(m, "model.scale", 0)].length + 100))
+
+    def bytes_overlap(meta, folder):  # type: ignore[no-untyped-def]
+        chunk = meta.storage_data[key_of(meta, wq, 1)]
+        set_item(meta, key_of(meta, "step"), offset=chunk.offset, length=chunk.length)
+
+    variant("bytes_overlap", bytes_overlap)
+    variant("hostile_chunk", lambda m, f: append(f, (m, key_of(m, "model.scale", 0)), hostile_zip(f)))
+    variant("hostile_bytes_item", lambda m, f: append(f, (m, key_of(m, "step")), hostile_zip(f)))
+
+    def hostile_metadata(meta, folder):  # type: ignore[no-untyped-def]
+        meta.storage_meta = _Payload(str(folder / "PWNED"))
+
+    variant("hostile_metadata", hostile_metadata)
+    shutil.copy(source / "__1_0.distcp", root / "broken" / "outside.distcp")
+    truncated = root / "broken" / "truncated"
+    shutil.copytree(source, truncated)
+    with open(truncated / "__1_0.distcp", "r+b") as handle:
+        handle.truncate(3000)
+
+
 if __name__ == "__main__":
-    which, target = sys.argv[1], Path(sys.argv[2])
-    target.mkdir(parents=True, exist_ok=True)
-    if which == "ranks2":
-        _ranks2(target)
-    else:
-        _single(which, target)
+    target = Path(sys.argv[1])
+    for which in sys.argv[2:]:
+        (target / which).mkdir(parents=True, exist_ok=True)
+        if which == "ranks2":
+            _ranks2(target / which)
+        elif which == "broken":
+            _broken(target)
+        else:
+            _single(which, target / which)

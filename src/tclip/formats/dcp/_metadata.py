@@ -218,6 +218,7 @@ class DcpMetadata:
 
 
 _MAX_DIMS = 64
+_WORK_PER_BYTE = 2
 
 
 class _Schema:
@@ -228,6 +229,8 @@ class _Schema:
         self.budget = budget
         self.where = where
         self.path = path
+        # chunk lists read once each: the memo lets one list stand in many records (id -> (list, chunks))
+        self.chunk_lists: dict[int, tuple[Any, tuple[Chunk, ...]]] = {}
 
     def bad(self, what: str) -> FormatError:
         return FormatError(f"{self.where}: {what}", self.path)
@@ -290,6 +293,16 @@ class _Schema:
         chunks = state.get("chunks")
         if not isinstance(chunks, list | tuple):
             raise self.bad(f"entry {name!r}: chunks is a {_kind(chunks)}, expected a list")
+        known = self.chunk_lists.get(id(chunks))
+        if known is None:
+            known = (chunks, self.chunks(name, shape, chunks))
+            self.chunk_lists[id(chunks)] = known
+        elif known[1] and len(known[1][0].offsets) != len(shape):
+            raise self.bad(f"entry {name!r}: its chunks are for a tensor of {len(known[1][0].offsets)} dimensions, "
+                           f"not of shape {list(shape)}")
+        return TensorEntry(dtype, shape, known[1], layout)
+
+    def chunks(self, name: str, shape: tuple[int, ...], chunks: list[Any] | tuple[Any, ...]) -> tuple[Chunk, ...]:
         parsed = []
         for i, chunk in enumerate(chunks):
             self.spend(1)
@@ -300,7 +313,7 @@ class _Schema:
                 raise self.bad(f"entry {name!r}: chunk {i} has offsets {_short(offsets)} and sizes {_short(sizes)} "
                                f"for a tensor of shape {list(shape)}")
             parsed.append(Chunk(offsets, sizes))
-        return TensorEntry(dtype, shape, tuple(parsed), layout)
+        return tuple(parsed)
 
     def properties(self, name: str, value: Any) -> tuple[str, str]:
         if not isinstance(value, _Record) or value.kind != "TensorProperties":
@@ -377,5 +390,8 @@ def load_dcp_metadata(data: bytes, *, limits: PickleLimits | None = None, where:
     root = interpreter.run()
     if interpreter.storages:
         raise UnsupportedError(f"{where}: holds tensor storages, which a DCP .metadata never does", path)
-    schema = _Schema(limits.flatten_factor * len(data) + 1_000_000, where, path)
+    # Reading the records costs about one unit per element; a real file needs far less than one per
+    # byte (a chunk's record alone takes ~100 bytes). Memo references cost 2 bytes and may stand for
+    # a tuple of 64 integers: without a cap, each pickle byte could cost ~60 units.
+    schema = _Schema(_WORK_PER_BYTE * len(data) + 1_000_000, where, path)
     return schema.metadata(root)
