@@ -171,7 +171,7 @@ def detect_format(path: Path) -> str:
     if found is None and Path(path).suffix.lower() not in content_suffixes():
         found = format_for_suffix(path)  # (a .bin no sniff claims is not taken for a PyTorch file)
     if found is None:
-        known = ", ".join("/".join(m.SUFFIXES) for m in FORMATS)
+        known = ", ".join("/".join(m.SUFFIXES) for m in FORMATS if m.SUFFIXES)
         raise FormatError(f"not a tensor file tclip knows ({known})", path)
     return found
 

@@ -397,8 +397,8 @@ class DcpReader(TensorReader):
         temp = os.dup(out.fileno())
         out.close()
         self._temps.append(temp)
-        reader = zstandard.ZstdDecompressor().stream_reader(_Window(fd, item.offset + item.length, item.offset),
-                                                            read_across_frames=False)
+        # one frame per item, as torch's ZStandard extension writes it
+        reader = zstandard.ZstdDecompressor().stream_reader(_Window(fd, item.offset + item.length, item.offset))
         written = 0
         try:
             while True:
