@@ -293,3 +293,58 @@ def test_metadata_hand_made_reads_as_plain_data() -> None:
     assert meta.entries["w"].chunks[0].offsets == (0,) and meta.entries["w"].chunks[0].sizes == (3,)
     assert [(i.fqn, i.index, i.relative_path, i.offset, i.length) for i in meta.items] == \
         [("w", 0, "__0_0.distcp", 0, 9)]
+
+
+# ----------------------------------------------------------------------------- damaged bytes
+
+
+def test_zstd_item_decompressing_past_its_chunk_is_refused(dcp_root: Path, tmp_path: Path) -> None:
+    """A zstd frame of 16 MiB of zeros, written over the item of a 16x16 bf16 chunk (512 bytes):
+    decompression stops past what the chunk can hold."""
+    zstandard = pytest.importorskip("zstandard")
+    folder = tmp_path / "bomb"
+    import shutil
+
+    shutil.copytree(expected(dcp_root, "zstd")[0], folder)
+    with Reader(folder) as reader:
+        item = reader.pieces["layers.0.attention.wq.weight"][0].item
+    frame = zstandard.ZstdCompressor(level=19).compress(bytes(16 << 20))
+    assert len(frame) <= item.length
+    with open(folder / item.relative_path, "r+b") as handle:
+        handle.seek(item.offset)
+        handle.write(frame)
+    with Reader(folder) as reader, pytest.raises(FormatError, match="decompresses to more than"):
+        reader.read("layers.0.attention.wq.weight")
+    result = run("report", folder)
+    assert result.exit_code == 1 and "decompresses to more than" in result.stderr
+
+
+@pytest.mark.parametrize("kind", ["ranks2", "safetensors", "zstd"])
+def test_damaged_bytes_give_tclip_errors_only(dcp_root: Path, tmp_path: Path, kind: str) -> None:
+    """Random byte changes and truncations of the .metadata or a .distcp: reading either works
+    or raises tclip's own error (one line at the command line), never anything else."""
+    import random
+    import shutil
+
+    from tclip.errors import TclipError
+
+    source = expected(dcp_root, kind)[0]
+    rng = random.Random(20261128)
+    for trial in range(40):
+        folder = tmp_path / f"t{trial}"
+        shutil.copytree(source, folder)
+        target = rng.choice([folder / ".metadata", *sorted(folder.glob("*.distcp"))])
+        data = bytearray(target.read_bytes())
+        for _ in range(rng.randint(1, 4)):
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        if rng.random() < 0.2:
+            data = data[:rng.randrange(len(data))]
+        target.write_bytes(bytes(data))
+        try:
+            with Reader(folder) as reader:
+                for name, info in reader.tensors.items():
+                    if not info.refused:
+                        reader.read(name)
+        except TclipError:
+            pass
+        shutil.rmtree(folder)
