@@ -348,3 +348,15 @@ def test_damaged_bytes_give_tclip_errors_only(dcp_root: Path, tmp_path: Path, ki
         except TclipError:
             pass
         shutil.rmtree(folder)
+
+
+def test_summary_over_step_folders(dcp_root: Path, tmp_path: Path) -> None:
+    import shutil
+
+    for step, kind in (("step-100", "single"), ("step-200", "safetensors")):
+        shutil.copytree(expected(dcp_root, kind)[0], tmp_path / "checkpoint" / step)
+    result = run("report", "--summary", "--json", str(tmp_path / "checkpoint" / "step-*"))
+    assert result.exit_code == 0, result.output
+    files = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
+    assert [Path(f["file"]).name for f in files] == ["step-100", "step-200"]
+    assert files[0]["global_norm"] == pytest.approx(files[1]["global_norm"], rel=1e-12)  # the same state saved twice

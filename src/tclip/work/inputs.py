@@ -154,7 +154,9 @@ def expand_files(items: tuple[str, ...], recursive: bool,
             yield item, path
         else:
             matches = sorted(glob.glob(item, recursive=recursive), key=_natural)
-            files = [Path(m) for m in matches if Path(m).is_file() and is_tensor_file(Path(m))]
+            # a DCP folder matched ('checkpoint/step-*') stands for its .metadata
+            files = [Path(m) / METADATA_NAME if is_dcp_folder(Path(m)) else Path(m) for m in matches
+                     if is_dcp_folder(Path(m)) or Path(m).is_file() and is_tensor_file(Path(m))]
             if not files:
                 yield item, None
             for p in files:
