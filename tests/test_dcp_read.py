@@ -360,3 +360,26 @@ def test_summary_over_step_folders(dcp_root: Path, tmp_path: Path) -> None:
     files = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
     assert [Path(f["file"]).name for f in files] == ["step-100", "step-200"]
     assert files[0]["global_norm"] == pytest.approx(files[1]["global_norm"], rel=1e-12)  # the same state saved twice
+
+
+def test_diff_of_two_folders_compares_tensors_and_plain_items(dcp_root: Path, tmp_path: Path) -> None:
+    import shutil
+
+    folder = expected(dcp_root, "ranks2")[0]
+    shutil.copytree(folder, tmp_path / "copy")
+    result = run("diff", folder, tmp_path / "copy")
+    assert result.exit_code == 0, result.output
+    assert "not numbers, compared exactly: step" in result.stdout
+
+
+def test_a_link_leading_out_of_the_folder_is_refused(dcp_root: Path, tmp_path: Path) -> None:
+    import shutil
+
+    folder = tmp_path / "linked"
+    shutil.copytree(expected(dcp_root, "ranks2")[0], folder)
+    shutil.move(folder / "__1_0.distcp", tmp_path / "elsewhere.distcp")
+    (folder / "__1_0.distcp").symlink_to(tmp_path / "elsewhere.distcp")
+    result = run("info", folder)
+    assert result.exit_code == 1
+    assert result.stderr.strip() == (f"Error: {folder}: .metadata names the file '__1_0.distcp', which leads out of "
+                                     "the folder")

@@ -86,6 +86,7 @@ class DcpReader(TensorReader):
         self._fds: dict[str, int] = {}
         self._sizes: dict[str, int] = {}
         self._temps: list[int] = []
+        self._values: dict[str, Any] = {}  # plain values of bytes items, by name
         self._lock = threading.Lock()
         self.pieces: dict[str, list[_Piece]] = {}
         self.entries: dict[str, TensorEntry] = {}
@@ -429,12 +430,13 @@ class DcpReader(TensorReader):
         return TensorInfo(name, entry.shape, dtype)
 
     def _bytes_item(self, name: str, item: StorageItem) -> OtherObject:
-        value = None if item.transforms or item.length > _MAX_VALUE_ITEM else self._plain_value(name, item)
-        reason = f"value {value}" if value is not None else "not a tensor; kept as it is"
+        text = None if item.transforms or item.length > _MAX_VALUE_ITEM else self._plain_value(name, item)
+        reason = f"value {text}" if text is not None else "not a tensor; kept as it is"
         return OtherObject(name, "torch.save item", reason)
 
     def _plain_value(self, name: str, item: StorageItem) -> str | None:
-        """The item's value as text when the allowlist interpreter finds one plain value in it."""
+        """The item's value as text when the allowlist interpreter finds one plain value in it
+        (kept for :meth:`other_values` too)."""
         from ..torch import _value_text
 
         fd, _ = self._file(item.relative_path)
@@ -446,12 +448,21 @@ class DcpReader(TensorReader):
             return None  # a pickled object tclip does not read: not a tensor, and no error
         if archive.tensors or len(archive.others) != 1:
             return None
-        leaf = archive.others[0]
-        if isinstance(leaf.value, list | tuple) and len(leaf.value) <= 8 and \
-                all(isinstance(v, bool | int | float) for v in leaf.value):
-            text = repr(leaf.value)
+        value = archive.others[0].value
+        if isinstance(value, list | tuple) and len(value) <= 8 and all(isinstance(v, bool | int | float)
+                                                                      for v in value):
+            text = repr(value)
             return text if len(text) <= 60 else None
-        return _value_text(leaf.value) or None
+        text = _value_text(value)
+        if text:
+            self._values[name] = value
+        return text or None
+
+    def other_values(self, name: str, limit: int) -> np.ndarray | None:
+        """A saved number or string (``step``, ``lr``), for comparing two checkpoints."""
+        from ..torch import _plain_value
+
+        return _plain_value(self._values[name], limit) if name in self._values else None
 
     def _mark_optimizer_state(self, meta: DcpMetadata) -> None:
         """``<P>state.*`` tensors are optimizer state where ``<P>param_groups.*lr`` is saved, and
