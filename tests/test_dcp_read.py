@@ -383,3 +383,17 @@ def test_a_link_leading_out_of_the_folder_is_refused(dcp_root: Path, tmp_path: P
     assert result.exit_code == 1
     assert result.stderr.strip() == (f"Error: {folder}: .metadata names the file '__1_0.distcp', which leads out of "
                                      "the folder")
+
+
+@pytest.mark.parametrize("kind", ["ranks2", "zstd"])
+def test_written_to_safetensors_bit_for_bit(dcp_root: Path, tmp_path: Path, kind: str) -> None:
+    """A value clip that changes nothing, from a DCP folder into one safetensors file: every
+    tensor is what torch loads back (the items that are not tensors dropped, as asked)."""
+    folder, arrays, meta = expected(dcp_root, kind)
+    out = tmp_path / "out.safetensors"
+    result = run("value", "--min", -1e30, "--max", 1e30, folder / ".metadata", "-o", out, "--drop-nonnumeric")
+    assert result.exit_code == 0, result.output
+    with open_reader(out) as reader:
+        assert set(reader.tensors) == set(meta["tensors"])
+        for name in reader.tensors:
+            assert reader.read(name).tobytes() == values(arrays, meta, name).tobytes(), name
