@@ -181,10 +181,18 @@ BROKEN = {
 }
 
 
+# what a chunk's own zip holds is read (and checked) when its tensor is read: info lists these
+READ_WITH_THE_DATA = {"hostile_chunk"}
+
+
 @pytest.mark.parametrize("case", sorted(BROKEN))
 @pytest.mark.parametrize("command", ["info", "report"])
 def test_broken_folder_is_one_error_line(dcp_root: Path, case: str, command: str) -> None:
     folder = dcp_root / "broken" / case
+    if command == "info" and case in READ_WITH_THE_DATA:
+        assert run(command, folder).exit_code == 0
+        assert not (folder / "PWNED").exists()
+        return
     result = run(command, folder)
     assert result.exit_code == 1, result.output
     lines = result.stderr.strip().splitlines()

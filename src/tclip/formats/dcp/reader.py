@@ -56,6 +56,11 @@ _ZIP_OVERHEAD = 1 << 20            # a chunk's zip beyond its tensor's bytes (pi
 _MAX_GRID_CELLS = 1 << 22          # coverage checked on a grid of the chunks' cuts up to this many cells
 _MAX_PAIR_CHECKS = 1 << 22         # else pairwise, up to this many pairs
 _SAFETENSORS_MAX_HEADER = 100_000_000
+# A .metadata lists every chunk of every tensor: ~150 bytes and ~12 objects a chunk, so one of a
+# run sharded over hundreds of ranks passes the 64 MiB a torch.save pickle may hold (a 70B model
+# with AdamW on 256 ranks: ~550 000 chunks, ~80 MiB, estimated). Still caps, linear in the file.
+METADATA_LIMITS = PickleLimits(max_bytes=512 << 20, max_objects=32_000_000, max_ops=256_000_000,
+                               max_memo=32_000_000)
 
 
 @dataclass
@@ -82,13 +87,15 @@ class DcpReader(TensorReader):
         metadata_path = path / METADATA_NAME if path.is_dir() else path
         super().__init__(metadata_path.parent)
         self.metadata_path = metadata_path
-        self.limits = PickleLimits()
+        self.limits = PickleLimits()  # for the chunks' and items' own torch.save pickles
         self._fds: dict[str, int] = {}
         self._sizes: dict[str, int] = {}
         self._temps: list[int] = []
         self._values: dict[str, Any] = {}  # plain values of bytes items, by name
         self._lock = threading.Lock()
         self.pieces: dict[str, list[_Piece]] = {}
+        self._blobs: dict[tuple[str, int], dict[str, Any]] = {}  # embedded safetensors headers, by (file, offset)
+        self._located: set[str] = set()  # tensors whose chunks were read and checked
         self.entries: dict[str, TensorEntry] = {}
         try:
             self._open()
@@ -112,22 +119,29 @@ class DcpReader(TensorReader):
     # ------------------------------------------------------------------ opening
 
     def _open(self) -> None:
+        limits = METADATA_LIMITS
         try:
             with open(self.metadata_path, "rb") as handle:
                 size = os.fstat(handle.fileno()).st_size
-                if size > self.limits.max_bytes:
+                if size > limits.max_bytes:
                     raise UnsupportedError(f"{METADATA_NAME} of {size} bytes is larger than the limit of "
-                                           f"{self.limits.max_bytes} bytes", self.path)
-                data = handle.read(self.limits.max_bytes + 1)
+                                           f"{limits.max_bytes} bytes", self.path)
+                data = handle.read(limits.max_bytes + 1)
         except FileNotFoundError:
             raise self.bad(f"no {METADATA_NAME} file: not a DCP checkpoint folder") from None
         except OSError as error:
             raise self.bad(f"cannot read {METADATA_NAME} ({error.strerror or error})") from None
-        meta = load_dcp_metadata(data, limits=self.limits, where=METADATA_NAME, path=self.path)
+        meta = load_dcp_metadata(data, limits=limits, where=METADATA_NAME, path=self.path)
         self.metadata = {"dcp_version": meta.version} if meta.version else {}
         items = self._items_by_entry(meta)
+        # Items of the SAFETENSORS variant share the offset of the safetensors file they sit in:
+        # found here (more than one tensor item at one offset of one file), read once, counted once.
+        at: dict[tuple[str, int], int] = {}
+        for item in meta.items:
+            if item.index is not None and not item.transforms:
+                at[item.relative_path, item.offset] = at.get((item.relative_path, item.offset), 0) + 1
         ranges: list[tuple[str, int, int, str]] = []
-        blobs: dict[tuple[str, int], dict[str, Any]] = {}
+        embedded: set[tuple[str, int, str]] = set()
         for name, entry in meta.entries.items():
             if isinstance(entry, BytesEntry):
                 item = items[name][0]
@@ -139,15 +153,20 @@ class DcpReader(TensorReader):
             pieces = []
             for chunk, item in zip(entry.chunks, items[name]):
                 self._check_range(item)
-                piece, blob = self._piece(name, entry, chunk, item, blobs)
-                if blob is None:
+                if at.get((item.relative_path, item.offset), 0) > 1:
+                    if (item.relative_path, item.offset, name) in embedded:
+                        raise self.bad(f"{item.relative_path}: two chunks of {name!r} point at one safetensors "
+                                       "tensor")
+                    embedded.add((item.relative_path, item.offset, name))
+                    self._embedded(_Piece(chunk, item), name, entry)  # checked now, located again when read
+                else:
                     ranges.append((item.relative_path, item.offset, item.offset + item.length, name))
-                pieces.append(piece)
+                pieces.append(_Piece(chunk, item, compressed=bool(item.transforms)))
             self.pieces[name] = pieces
             self.entries[name] = entry
             self.tensors[name] = self._info(name, entry)
         ranges += [(file, start, start + blob["size"], "the embedded safetensors file")
-                   for (file, start), blob in blobs.items()]
+                   for (file, start), blob in self._blobs.items()]
         self._check_disjoint(ranges)
         self._mark_optimizer_state(meta)
 
@@ -248,24 +267,40 @@ class DcpReader(TensorReader):
 
     # ------------------------------------------------------------------ chunks
 
-    def _piece(self, name: str, entry: TensorEntry, chunk: Chunk, item: StorageItem,
-               blobs: dict[tuple[str, int], dict[str, Any]]) -> tuple[_Piece, dict[str, Any] | None]:
+    def _ensure(self, name: str) -> None:
+        """Locate the elements of every chunk of a tensor, once, when it is first read: each chunk's
+        own zip is read and checked against ``.metadata`` then (opening a folder of a million
+        chunks reads only ``.metadata`` and the files' sizes)."""
+        if name in self._located:
+            return
+        with self._lock:
+            if name in self._located:
+                return
+            entry = self.entries[name]
+            for piece in self.pieces[name]:
+                if piece.fd < 0:
+                    self._place(piece, name, entry)
+            self._located.add(name)
+
+    def _place(self, piece: _Piece, name: str, entry: TensorEntry) -> None:
+        item = piece.item
         fd, _ = self._file(item.relative_path)
-        piece = _Piece(chunk, item)
-        if item.transforms:
-            head = os.pread(fd, 4, item.offset)
-            if head != _ZSTD_MAGIC:
+        if piece.compressed:
+            if os.pread(fd, 4, item.offset) != _ZSTD_MAGIC:
                 raise self.bad(f"{item.relative_path}: the item {name!r} is not a zstd frame")
-            piece.compressed = True
-            return piece, None
+            dtype = _dtype(entry.dtype)
+            limit = math.prod(piece.chunk.sizes) * (dtype.itemsize if dtype is not None else 1) + _ZIP_OVERHEAD
+            temp = self._decompress(item, limit)
+            self._locate(piece, name, entry, temp, 0, os.fstat(temp).st_size, f"{item.relative_path} (decompressed)")
+            return
         head = os.pread(fd, 9, item.offset)
         if head[:4] == _ZIP_MAGIC:
             self._locate(piece, name, entry, fd, item.offset, item.length, item.relative_path)
-            return piece, None
-        if len(head) == 9 and head[8:9] == b"{":
-            return self._embedded(piece, name, entry, fd, blobs)
-        raise self.bad(f"{item.relative_path}: the item {name!r} at byte {item.offset} is neither a torch.save "
-                       "archive nor a safetensors file")
+        elif len(head) == 9 and head[8:9] == b"{":
+            self._embedded(piece, name, entry)
+        else:
+            raise self.bad(f"{item.relative_path}: the item {name!r} at byte {item.offset} is neither a "
+                           "torch.save archive nor a safetensors file")
 
     def _locate(self, piece: _Piece, name: str, entry: TensorEntry, fd: int, start: int, length: int,
                 where: str) -> None:
@@ -292,10 +327,10 @@ class DcpReader(TensorReader):
         if storage.offset < start or storage.offset + storage.nbytes > start + length or pickle_offset < start \
                 or pickle_offset + pickle_size > start + length:
             raise self.bad(f"{where}: the chunk of {name!r} at byte {start} points outside its own bytes")
-        piece.fd = fd
         piece.start = storage.offset + ref.offset * ref.dtype.itemsize
         piece.stride = ref.stride
         piece.dense = ref.order() == tuple(range(len(ref.shape)))
+        piece.fd = fd
 
     def _archive(self, fd: int, start: int, length: int, where: str, name: str) -> Any:
         from .._torch_archive import _load_zip
@@ -306,26 +341,22 @@ class DcpReader(TensorReader):
         except TclipError as error:
             raise type(error)(f"{where}: the item {name!r} at byte {start}: {error.detail}", self.path) from None
 
-    def _embedded(self, piece: _Piece, name: str, entry: TensorEntry, fd: int,
-                  blobs: dict[tuple[str, int], dict[str, Any]]) -> tuple[_Piece, dict[str, Any]]:
+    def _embedded(self, piece: _Piece, name: str, entry: TensorEntry) -> None:
         """A chunk of the SAFETENSORS variant: found by name in the safetensors file that starts at
         the item's offset (every chunk of that file points at its start)."""
-        item = piece.item
-        key = (item.relative_path, item.offset)
-        blob = blobs.get(key)
-        if blob is None:
-            blob = self._blob(fd, item)
-            blobs[key] = blob
-        entries = blob["entries"]
-        where = item.relative_path
-        found = entries.get(name)
-        if found is None:
-            raise self.bad(f"{where}: the safetensors file at byte {item.offset} has no tensor {name!r}")
-        if name in blob["used"]:
-            raise self.bad(f"{where}: two chunks of {name!r} point at the same safetensors tensor")
-        blob["used"].add(name)
         from ..safetensors import DTYPES
 
+        item = piece.item
+        fd, _ = self._file(item.relative_path)
+        key = (item.relative_path, item.offset)
+        blob = self._blobs.get(key)
+        if blob is None:
+            blob = self._blob(fd, item)
+            self._blobs[key] = blob
+        where = item.relative_path
+        found = blob["entries"].get(name)
+        if found is None:
+            raise self.bad(f"{where}: the safetensors file at byte {item.offset} has no tensor {name!r}")
         code, shape, offsets = found.get("dtype"), found.get("shape"), found.get("data_offsets")
         expected = _dtype(entry.dtype)
         if DTYPES.get(code) != expected or expected is None:
@@ -340,10 +371,9 @@ class DcpReader(TensorReader):
                 and offsets[1] <= blob["size"] - blob["data"]):
             raise self.bad(f"{where}: the safetensors tensor {name!r} has data_offsets {str(offsets)[:60]}, "
                            f"which do not hold {nbytes} bytes inside the file")
-        piece.fd = fd
         piece.start = item.offset + blob["data"] + offsets[0]
         piece.stride = _c_strides(piece.chunk.sizes)
-        return piece, blob
+        piece.fd = fd
 
     def _blob(self, fd: int, item: StorageItem) -> dict[str, Any]:
         from ..safetensors import _object_hook
@@ -371,20 +401,7 @@ class DcpReader(TensorReader):
         if item.offset + total > size:
             raise self.bad(f"{where}: the safetensors file at byte {item.offset} runs past the end of the file: "
                            "the file is truncated")
-        return {"entries": entries, "data": data, "size": total, "used": set()}
-
-    def _resolve(self, piece: _Piece, name: str) -> None:
-        """Decompress a zstd chunk into a temporary file, once, and locate its tensor there."""
-        with self._lock:
-            if piece.fd >= 0:
-                return
-            item = piece.item
-            entry = self.entries[name]
-            dtype = _dtype(entry.dtype)
-            limit = math.prod(piece.chunk.sizes) * (dtype.itemsize if dtype is not None else 1) + _ZIP_OVERHEAD
-            fd = self._decompress(item, limit)
-            size = os.fstat(fd).st_size
-            self._locate(piece, name, entry, fd, 0, size, f"{item.relative_path} (decompressed)")
+        return {"entries": entries, "data": data, "size": total}
 
     def _decompress(self, item: StorageItem, limit: int) -> int:
         try:
@@ -487,9 +504,10 @@ class DcpReader(TensorReader):
         if not pieces or len(pieces) != 1 or self.tensors[name].refused:
             return None
         piece = pieces[0]
-        if piece.compressed or not piece.dense or math.prod(piece.chunk.sizes) != self.tensors[name].size:
+        if piece.compressed or math.prod(piece.chunk.sizes) != self.tensors[name].size:
             return None
-        return piece.fd, piece.start
+        self._ensure(name)
+        return (piece.fd, piece.start) if piece.dense else None
 
     def parallel_safe(self, name: str) -> bool:
         return True  # preads and private maps; a zstd chunk is decompressed under a lock
@@ -502,6 +520,7 @@ class DcpReader(TensorReader):
         out = np.empty(tuple(s.stop - s.start for s in index), info.dtype)
         if out.size == 0:
             return out
+        self._ensure(name)
         for piece in self.pieces[name]:
             chunk = piece.chunk
             local, target = [], []
@@ -512,8 +531,6 @@ class DcpReader(TensorReader):
                 local.append(slice(lo - o, hi - o))
                 target.append(slice(lo - s.start, hi - s.start))
             else:
-                if piece.compressed and piece.fd < 0:
-                    self._resolve(piece, name)
                 out[tuple(target)] = self._read_piece(piece, tuple(local), info.dtype, name)
         return out
 
