@@ -39,10 +39,10 @@ from typing import Any
 
 import numpy as np
 
-from ...core.units import Index
+from ...core.units import Index, flat_rectangles
 from ...errors import FormatError, TclipError, UnsupportedError
 from .._blocks import contiguous_span, normalize_index
-from .._io import pread_into
+from .._io import flat_result, pread_into
 from .._torch_pickle import TORCH_DTYPES, PickleLimits
 from ..base import OtherObject, TensorInfo, TensorReader
 from . import METADATA_NAME
@@ -513,13 +513,35 @@ class DcpReader(TensorReader):
         return True  # preads and private maps; a zstd chunk is decompressed under a lock
 
     def read(self, name: str, index: Index | None = None, scratch: bytearray | None = None) -> np.ndarray:
+        info = self._readable(name)
+        index = normalize_index(index, info.shape)
+        out = np.empty(tuple(s.stop - s.start for s in index), info.dtype)
+        self._fill(name, index, out)
+        return out
+
+    def read_flat(self, name: str, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Elements ``[start, stop)`` in C order, each chunk's part read straight into the result
+        where it is one run there (a ``Shard(0)`` piece, a replicated tensor)."""
+        info = self._readable(name)
+        result = flat_result(info.dtype, stop - start, out)
+        position = 0
+        for rect in flat_rectangles(info.shape, start, stop):
+            sizes = tuple(s.stop - s.start for s in rect)
+            n = math.prod(sizes)
+            self._fill(name, rect, result[position:position + n].reshape(sizes))
+            position += n
+        return result
+
+    def _readable(self, name: str) -> TensorInfo:
         info = self.tensors[name]
         if info.refused:
             raise TclipError(f"tensor {name!r}: {info.refused}", self.path)
-        index = normalize_index(index, info.shape)
-        out = np.empty(tuple(s.stop - s.start for s in index), info.dtype)
+        return info
+
+    def _fill(self, name: str, index: Index, out: np.ndarray) -> None:
+        """Write the block ``index`` of a tensor into ``out`` (a view of its shape), chunk by chunk."""
         if out.size == 0:
-            return out
+            return
         self._ensure(name)
         for piece in self.pieces[name]:
             chunk = piece.chunk
@@ -531,19 +553,23 @@ class DcpReader(TensorReader):
                 local.append(slice(lo - o, hi - o))
                 target.append(slice(lo - s.start, hi - s.start))
             else:
-                out[tuple(target)] = self._read_piece(piece, tuple(local), info.dtype, name)
-        return out
+                self._read_piece(piece, tuple(local), out[tuple(target)] if target else out[...], name)
 
-    def _read_piece(self, piece: _Piece, local: Index, dtype: np.dtype, name: str) -> np.ndarray:
-        sizes = tuple(s.stop - s.start for s in local)
+    def _read_piece(self, piece: _Piece, local: Index, dest: np.ndarray, name: str) -> None:
+        dtype = dest.dtype
         span = contiguous_span(local, piece.chunk.sizes, False) if local else (0, 1)
         if piece.dense and span is not None:
-            result = np.empty(sizes, dtype)
-            pread_into(piece.fd, result.reshape(-1).view(np.uint8).data, piece.start + span[0] * dtype.itemsize,
-                       self.path, name)
-            return result
+            offset = piece.start + span[0] * dtype.itemsize
+            if dest.flags.c_contiguous:
+                pread_into(piece.fd, dest.reshape(-1).view(np.uint8).data, offset, self.path, name)
+            else:
+                run = np.empty(dest.shape, dtype)
+                pread_into(piece.fd, run.reshape(-1).view(np.uint8).data, offset, self.path, name)
+                dest[...] = run
+            return
         # A rectangle that is not one run of the file: copied from a private read-only map of
         # the bytes it spans (the resident memory stays the rectangle's).
+        sizes = dest.shape
         itemsize = dtype.itemsize
         first = piece.start + sum(s.start * st for s, st in zip(local, piece.stride)) * itemsize
         last = first + (sum((n - 1) * st for n, st in zip(sizes, piece.stride)) + 1) * itemsize
@@ -552,9 +578,8 @@ class DcpReader(TensorReader):
             raw = np.frombuffer(mapped, np.uint8, count=last - first, offset=first - base).view(dtype)
             view = np.lib.stride_tricks.as_strided(raw, sizes, [st * itemsize for st in piece.stride],
                                                    writeable=False)
-            result = np.array(view, order="C")
+            dest[...] = view
             del raw, view
-        return result
 
 
 class _Window:
