@@ -405,3 +405,20 @@ def test_written_to_safetensors_bit_for_bit(dcp_root: Path, tmp_path: Path, kind
         assert set(reader.tensors) == set(meta["tensors"])
         for name in reader.tensors:
             assert reader.read(name).tobytes() == values(arrays, meta, name).tobytes(), name
+
+
+def test_a_fifo_for_metadata_is_refused_without_waiting(tmp_path: Path) -> None:
+    (tmp_path / "__0_0.distcp").write_bytes(b"")
+    os.mkfifo(tmp_path / ".metadata")
+    with pytest.raises(FormatError, match=r"\.metadata is not a regular file"):
+        Reader(tmp_path)
+
+
+def test_megatron_metadata_class_is_read_as_metadata() -> None:
+    data = (b"\x80\x04" + record("MCoreMetadata", th.mapping([("state_dict_metadata", b"}"), ("storage_data", b"}")]),
+                                 module="megatron.core.dist_checkpointing.strategies.torch") + b".")
+    assert load_dcp_metadata(data).entries == {}
+    framed = (b"\x80\x04\x95" + bytes(8) + b"\x8c\x31megatron.core.dist_checkpointing.strategies.torch\x94"
+              b"\x8c\x0dMCoreMetadata\x94\x93\x94)\x81")
+    assert sniff(framed, 1000)
+    assert not sniff(framed.replace(b"MCoreMetadata", b"MCoreSavePlan"), 1000)

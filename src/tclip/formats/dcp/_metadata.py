@@ -345,15 +345,24 @@ class _Schema:
         relative, start, length = info.get("relative_path"), info.get("offset"), info.get("length")
         if not isinstance(relative, str) or not relative:
             raise self.bad(f"storage_data[{fqn!r}]: relative_path is a {_kind(relative)}")
-        for what, number in (("offset", start), ("length", length)):
-            if not (_is_int(number) and 0 <= number <= 1 << 62):
-                raise self.bad(f"storage_data[{fqn!r}]: {what} {_short(number)}")
+        first, size = _byte_count(start), _byte_count(length)
+        if first is None:
+            raise self.bad(f"storage_data[{fqn!r}]: offset {_short(start)}")
+        if size is None:
+            raise self.bad(f"storage_data[{fqn!r}]: length {_short(length)}")
         transforms = info.get("transform_descriptors") or ()
         if not isinstance(transforms, list | tuple) or not all(isinstance(t, str) and len(t) < 200
                                                                for t in transforms):
             raise self.bad(f"storage_data[{fqn!r}]: transform_descriptors {_short(transforms)}")
         self.spend(len(transforms))
-        return StorageItem(fqn, offsets, index, relative, start, length, tuple(transforms))
+        return StorageItem(fqn, offsets, index, relative, first, size, tuple(transforms))
+
+
+def _byte_count(value: Any) -> int | None:
+    """A file offset or length: an int (not a bool) in [0, 2**62], else None."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 1 << 62:
+        return value
+    return None
 
 
 def _kind_of(value: Any) -> str:

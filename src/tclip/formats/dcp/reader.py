@@ -121,8 +121,12 @@ class DcpReader(TensorReader):
     def _open(self) -> None:
         limits = METADATA_LIMITS
         try:
-            with open(self.metadata_path, "rb") as handle:
-                size = os.fstat(handle.fileno()).st_size
+            # O_NONBLOCK: a FIFO put there must not make the open wait for a writer
+            fd = os.open(self.metadata_path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+            with os.fdopen(fd, "rb") as handle:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise self.bad(f"{METADATA_NAME} is not a regular file")
+                size = os.fstat(fd).st_size
                 if size > limits.max_bytes:
                     raise UnsupportedError(f"{METADATA_NAME} of {size} bytes is larger than the limit of "
                                            f"{limits.max_bytes} bytes", self.path)
@@ -192,10 +196,11 @@ class DcpReader(TensorReader):
                 continue
             listed = []
             for i, chunk in enumerate(entry.chunks):
-                item = slots.get(i)
-                if item is None:
+                found_item = slots.get(i)
+                if found_item is None:
                     raise self.bad(f"{METADATA_NAME}: chunk {i} of {name!r} (at {list(chunk.offsets)}) has no "
                                    "place in storage_data")
+                item = found_item
                 if item.chunk_offsets != chunk.offsets:
                     raise self.bad(f"{METADATA_NAME}: chunk {i} of {name!r} is at {list(chunk.offsets)}, its "
                                    f"storage_data key says {list(item.chunk_offsets or ())}")
@@ -416,7 +421,8 @@ class DcpReader(TensorReader):
         out.close()
         self._temps.append(temp)
         # one frame per item, as torch's ZStandard extension writes it
-        reader = zstandard.ZstdDecompressor().stream_reader(_Window(fd, item.offset + item.length, item.offset))
+        reader = zstandard.ZstdDecompressor().stream_reader(
+            _Window(fd, item.offset + item.length, item.offset))  # type: ignore[arg-type]
         written = 0
         try:
             while True:
