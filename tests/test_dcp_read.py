@@ -90,8 +90,9 @@ def test_blocks_across_chunk_boundaries(dcp_root: Path) -> None:
         assert reader.chunk_files(WQ) == ["__0_0.distcp", "__1_0.distcp"]
 
 
-def test_bytes_items_are_not_tensors_with_plain_values(dcp_root: Path) -> None:
-    folder, _, meta = expected(dcp_root, "single")
+@pytest.mark.parametrize("kind", ["single", "safetensors", "zstd"])
+def test_bytes_items_are_not_tensors_with_plain_values(dcp_root: Path, kind: str) -> None:
+    folder, _, meta = expected(dcp_root, kind)
     with Reader(folder) as reader:
         others = {o.name: o.reason for o in reader.others}
     assert set(others) == set(meta["others"])
@@ -161,8 +162,13 @@ def test_tclip_never_imports_torch(dcp_root: Path) -> None:
 def test_zstd_without_the_package_names_it(dcp_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     folder, _, _ = expected(dcp_root, "zstd")
     monkeypatch.setitem(sys.modules, "zstandard", None)
-    with Reader(folder) as reader, pytest.raises(UnsupportedError, match="'zstandard'"):
-        reader.read("output.weight")
+    with Reader(folder) as reader:
+        assert {o.reason for o in reader.others} == {"not a tensor; kept as it is"}  # listed, values unread
+        with pytest.raises(UnsupportedError, match="'zstandard'"):
+            reader.read("output.weight")
+    result = run("report", folder)
+    assert result.exit_code == 1
+    assert "install the 'zstandard' package" in result.stderr
 
 
 # ----------------------------------------------------------------------------- broken and hostile folders

@@ -92,6 +92,7 @@ class DcpReader(TensorReader):
         self._sizes: dict[str, int] = {}
         self._temps: list[int] = []
         self._values: dict[str, Any] = {}  # plain values of bytes items, by name
+        self._scratch = -1  # a temporary file small zstd items are decompressed into, one after another
         self._lock = threading.Lock()
         self.pieces: dict[str, list[_Piece]] = {}
         self._blobs: dict[tuple[str, int], dict[str, Any]] = {}  # embedded safetensors headers, by (file, offset)
@@ -453,7 +454,9 @@ class DcpReader(TensorReader):
         return TensorInfo(name, entry.shape, dtype)
 
     def _bytes_item(self, name: str, item: StorageItem) -> OtherObject:
-        text = None if item.transforms or item.length > _MAX_VALUE_ITEM else self._plain_value(name, item)
+        text = None
+        if item.length <= _MAX_VALUE_ITEM and item.transforms in ((), (ZSTD,)):
+            text = self._plain_value(name, item)
         reason = f"value {text}" if text is not None else "not a tensor; kept as it is"
         return OtherObject(name, "torch.save item", reason)
 
@@ -463,10 +466,16 @@ class DcpReader(TensorReader):
         from ..torch import _value_text
 
         fd, _ = self._file(item.relative_path)
-        if os.pread(fd, 4, item.offset) != _ZIP_MAGIC:
+        start, length = item.offset, item.length
+        if item.transforms:
+            found = self._small_decompressed(fd, item)
+            if found is None:
+                return None
+            fd, start, length = found
+        if os.pread(fd, 4, start) != _ZIP_MAGIC:
             return None
         try:
-            archive = self._archive(fd, item.offset, item.length, item.relative_path, name)
+            archive = self._archive(fd, start, length, item.relative_path, name)
         except TclipError:
             return None  # a pickled object tclip does not read: not a tensor, and no error
         if archive.tensors or len(archive.others) != 1:
@@ -480,6 +489,30 @@ class DcpReader(TensorReader):
         if text:
             self._values[name] = value
         return text or None
+
+    def _small_decompressed(self, fd: int, item: StorageItem) -> tuple[int, int, int] | None:
+        """A small zstd item decompressed (at most :data:`_MAX_VALUE_ITEM` bytes) into the reader's
+        one scratch file for values: (descriptor, 0, length); None when it cannot be (no zstandard
+        package, bad data, too large): the item is then listed without its value."""
+        try:
+            import zstandard
+        except ImportError:
+            return None
+        try:
+            stream = zstandard.ZstdDecompressor().stream_reader(
+                _Window(fd, item.offset + item.length, item.offset))  # type: ignore[arg-type]
+            data = stream.read(_MAX_VALUE_ITEM + 1)
+        except zstandard.ZstdError:
+            return None
+        if len(data) > _MAX_VALUE_ITEM:
+            return None
+        if self._scratch < 0:
+            with tempfile.TemporaryFile() as handle:
+                self._scratch = os.dup(handle.fileno())
+            self._temps.append(self._scratch)
+        os.ftruncate(self._scratch, 0)
+        os.pwrite(self._scratch, data, 0)
+        return self._scratch, 0, len(data)
 
     def other_values(self, name: str, limit: int) -> np.ndarray | None:
         """A saved number or string (``step``, ``lr``), for comparing two checkpoints."""
