@@ -43,7 +43,7 @@ from ...core.units import Index, flat_rectangles
 from ...errors import FormatError, TclipError, UnsupportedError
 from .._blocks import contiguous_span, normalize_index
 from .._io import flat_result, pread_into
-from .._torch_pickle import TORCH_DTYPES, PickleLimits
+from .._torch_pickle import ADVICE, TORCH_DTYPES, PickleLimits
 from ..base import OtherObject, TensorInfo, TensorReader
 from . import METADATA_NAME
 from ._metadata import BytesEntry, Chunk, DcpMetadata, StorageItem, TensorEntry, load_dcp_metadata
@@ -345,7 +345,9 @@ class DcpReader(TensorReader):
         try:
             return _load_zip(self.path, window, self.limits, name)
         except TclipError as error:
-            raise type(error)(f"{where}: the item {name!r} at byte {start}: {error.detail}", self.path) from None
+            # the .pt reader's advice (save the state_dict) is no help for a chunk DCP wrote
+            detail = error.detail.replace(f": {ADVICE}", "")
+            raise type(error)(f"{where}: the item {name!r} at byte {start}: {detail}", self.path) from None
 
     def _embedded(self, piece: _Piece, name: str, entry: TensorEntry) -> None:
         """A chunk of the SAFETENSORS variant: found by name in the safetensors file that starts at
