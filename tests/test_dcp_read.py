@@ -429,3 +429,21 @@ def test_megatron_metadata_class_is_read_as_metadata() -> None:
               b"\x8c\x0dMCoreMetadata\x94\x93\x94)\x81")
     assert sniff(framed, 1000)
     assert not sniff(framed.replace(b"MCoreMetadata", b"MCoreSavePlan"), 1000)
+
+
+def test_coverage_checks_within_their_budget() -> None:
+    from tclip.formats.dcp._metadata import Chunk
+    from tclip.formats.dcp.reader import _coverage
+
+    shards = [Chunk((0, 0), (4, 4)), Chunk((4, 0), (3, 4))]
+    assert _coverage((7, 4), shards, [10]) is None
+    assert _coverage((7, 4), [Chunk((0, 0), (4, 4)), Chunk((3, 0), (3, 4))], [10]) == "overlap"
+    budget = [2]  # the grid of two row shards has 2 cells: spent
+    assert _coverage((7, 4), shards, budget) is None and budget == [0]
+    # three chunks on a 3x3 tensor: a grid of 4 cells, or 3 pairs
+    stairs = [Chunk((0, 0), (1, 3)), Chunk((1, 0), (2, 1)), Chunk((1, 1), (2, 2))]
+    budget = [4]
+    assert _coverage((3, 3), stairs, budget) is None and budget == [0]  # on the grid
+    budget = [3]
+    assert _coverage((3, 3), stairs, budget) is None and budget == [0]  # pair by pair
+    assert "too irregular" in _coverage((3, 3), stairs, [2])

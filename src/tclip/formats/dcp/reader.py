@@ -53,8 +53,10 @@ _ZIP_MAGIC = b"PK\x03\x04"
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _MAX_VALUE_ITEM = 1 << 20          # BYTE_IO items read for their value: at most this long
 _ZIP_OVERHEAD = 1 << 20            # a chunk's zip beyond its tensor's bytes (pickle, records, directory)
-_MAX_GRID_CELLS = 1 << 22          # coverage checked on a grid of the chunks' cuts up to this many cells
-_MAX_PAIR_CHECKS = 1 << 22         # else pairwise, up to this many pairs
+# Checking that chunks tile their tensors costs grid cells (or chunk pairs); a folder may spend
+# this many per chunk it lists, plus a fixed allowance (a DTensor's shards cost one cell each).
+_COVERAGE_PER_CHUNK = 64
+_COVERAGE_BASE = 1 << 22
 _SAFETENSORS_MAX_HEADER = 100_000_000
 # A .metadata lists every chunk of every tensor: ~150 bytes and ~12 objects a chunk, so one of a
 # run sharded over hundreds of ranks passes the 64 MiB a torch.save pickle may hold (a 70B model
@@ -139,6 +141,7 @@ class DcpReader(TensorReader):
         meta = load_dcp_metadata(data, limits=limits, where=METADATA_NAME, path=self.path)
         self.metadata = {"dcp_version": meta.version} if meta.version else {}
         items = self._items_by_entry(meta)
+        self._coverage_budget = [_COVERAGE_PER_CHUNK * len(meta.items) + _COVERAGE_BASE]
         # Items of the SAFETENSORS variant share the offset of the safetensors file they sit in:
         # found here (more than one tensor item at one offset of one file), read once, counted once.
         at: dict[tuple[str, int], int] = {}
@@ -261,7 +264,7 @@ class DcpReader(TensorReader):
                                f"{list(chunk.sizes)}) lies outside its shape {list(shape)}")
         if math.prod(shape) == 0:
             return
-        problem = _coverage(shape, [c for c in entry.chunks if math.prod(c.sizes)])
+        problem = _coverage(shape, [c for c in entry.chunks if math.prod(c.sizes)], self._coverage_budget)
         if problem:
             raise self.bad(f"{METADATA_NAME}: the chunks of {name!r} (shape {list(shape)}) {problem}")
 
@@ -675,15 +678,16 @@ def _c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def _coverage(shape: tuple[int, ...], chunks: list[Chunk]) -> str | None:
+def _coverage(shape: tuple[int, ...], chunks: list[Chunk], budget: list[int]) -> str | None:
     """Why the chunks do not cover ``shape`` exactly once (None when they do).
 
     The chunks' boundaries cut each axis; every chunk covers a box of the grid of cells
     these cuts make. A DTensor's shards cover one cell each, so the grid is as small as the
-    chunk list; an irregular one whose grid is too large is checked pair by pair instead.
+    chunk list; an irregular one whose grid is larger than the folder's remaining ``budget``
+    (one-element list, spent here) is checked pair by pair, and past that refused.
     """
-    if sum(math.prod(c.sizes) for c in chunks) != math.prod(shape):
-        covered = sum(math.prod(c.sizes) for c in chunks)
+    covered = sum(math.prod(c.sizes) for c in chunks)
+    if covered != math.prod(shape):
         if covered < math.prod(shape):
             return f"leave part of it unwritten ({covered} of {math.prod(shape)} elements in chunks)"
         return f"overlap ({covered} elements in chunks for {math.prod(shape)})"
@@ -692,7 +696,8 @@ def _coverage(shape: tuple[int, ...], chunks: list[Chunk]) -> str | None:
     cuts = [sorted({0, n} | {c.offsets[a] for c in chunks} | {c.offsets[a] + c.sizes[a] for c in chunks})
             for a, n in enumerate(shape)]
     cells = math.prod(len(c) - 1 for c in cuts)
-    if cells <= _MAX_GRID_CELLS:
+    if cells <= budget[0]:
+        budget[0] -= cells
         grid = np.zeros([len(c) - 1 for c in cuts], np.uint32)
         for c in chunks:
             box = tuple(slice(np.searchsorted(cut, o), np.searchsorted(cut, o + s))
@@ -701,8 +706,10 @@ def _coverage(shape: tuple[int, ...], chunks: list[Chunk]) -> str | None:
         if grid.max() > 1:
             return "overlap"
         return None if grid.min() == 1 else "leave part of it unwritten"
-    if len(chunks) ** 2 > _MAX_PAIR_CHECKS:
+    pairs = len(chunks) * (len(chunks) - 1) // 2
+    if pairs > budget[0]:
         return f"are too irregular to check ({len(chunks)} chunks); tclip refuses them"
+    budget[0] -= pairs
     for i, a in enumerate(chunks):
         for b in chunks[i + 1:]:
             if all(x < y + m and y < x + n for x, n, y, m in zip(a.offsets, a.sizes, b.offsets, b.sizes)):
