@@ -152,6 +152,9 @@ def _single(kind: str, out: Path) -> None:
     state = _single_state(torch, nn)
     folder = out / "ckpt"
     if kind == "single":
+        # a transposed view whose storage is exactly its size: torch.save keeps it a view (not cloned),
+        # so its chunk is a strided tensor (safetensors, hence the SAFETENSORS variant, refuses those)
+        state["lm_head.transposed"] = torch.randn(4, 6, generator=torch.Generator().manual_seed(5)).t()
         dcp.save(state, checkpoint_id=str(folder), no_dist=True)
         _dump(torch, _load_back(torch, folder), out)
     elif kind == "zstd":
