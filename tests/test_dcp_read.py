@@ -458,3 +458,15 @@ def test_coverage_checks_within_their_budget() -> None:
     budget = [3]
     assert _coverage((3, 3), stairs, budget) is None and budget == [0]  # pair by pair
     assert "too irregular" in _coverage((3, 3), stairs, [2])
+
+
+@pytest.mark.parametrize("recursive", [False, True])
+def test_a_folder_of_step_folders(dcp_root: Path, tmp_path: Path, recursive: bool) -> None:
+    import shutil
+
+    for step, kind in (("step-100", "zstd"), ("step-200", "safetensors")):
+        shutil.copytree(expected(dcp_root, kind)[0], tmp_path / "checkpoint" / step)
+    result = run("report", "--summary", "--json", *(["-r"] if recursive else []), tmp_path / "checkpoint")
+    assert result.exit_code == 0, result.output
+    files = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
+    assert [Path(f["file"]).name for f in files] == ["step-100", "step-200"]

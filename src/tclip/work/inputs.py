@@ -145,7 +145,9 @@ def expand_files(items: tuple[str, ...], recursive: bool,
                     yield str(index), index
                 continue
             found = sorted(path.rglob("*") if recursive else path.iterdir(), key=lambda p: _natural(str(p)))
-            files = [p for p in found if p.is_file() and is_tensor_file(p)]
+            # a DCP folder inside (checkpoint/step-100/) counts as one file: its .metadata
+            files = [p / METADATA_NAME if p.is_dir() else p for p in found
+                     if p.is_dir() and is_dcp_folder(p) or p.is_file() and is_tensor_file(p)]
             if not files:
                 yield item, None
             for p in files:
