@@ -16,7 +16,9 @@ error naming the folder and what is wrong):
 
 Items compressed with the ``ZStandard`` extension (``transform_descriptors ==
 ['stream.zstd/1']``) need the ``zstandard`` package; each is decompressed once, when first
-read, into an anonymous temporary file (bounded by the chunk's size), and read from there.
+read, into an anonymous temporary file (bounded by the chunk's size), and read from there; the
+files stay until the reader is closed (a chunk may be read again, from any thread), so reading a
+whole zstd checkpoint takes its uncompressed size in ``$TMPDIR``.
 
 BYTE_IO items (``step``, ``lr``, a dataloader's state) are listed as not tensors; their value is
 shown where the allowlist interpreter finds plain data in them, and anything else they hold is
