@@ -491,7 +491,10 @@ class DcpReader(TensorReader):
         if isinstance(value, list | tuple) and len(value) <= 8 and all(isinstance(v, bool | int | float)
                                                                       for v in value):
             text = repr(value)
-            return text if len(text) <= 60 else None
+            if len(text) > 60:
+                return None
+            self._values[name] = value  # (an optimizer's betas: read by report --summary --of grads)
+            return text
         text = _value_text(value)
         if text:
             self._values[name] = value
@@ -526,6 +529,12 @@ class DcpReader(TensorReader):
         from ..torch import _plain_value
 
         return _plain_value(self._values[name], limit) if name in self._values else None
+
+    def plain_data(self, name: str) -> Any:
+        """A saved object as plain data (an optimizer's ``param_groups.<fqn>.betas``), never code."""
+        from ..torch import _plain_data
+
+        return _plain_data(self._values[name]) if name in self._values else None
 
     def _mark_optimizer_state(self, meta: DcpMetadata) -> None:
         """``<P>state.*`` tensors are optimizer state where ``<P>param_groups.*lr`` is saved, and
