@@ -91,7 +91,7 @@ def fmt_number(value: float | None, dash: str = "—") -> str:
 
 def fmt_column(values: Sequence[float | None], dash: str = "—") -> list[str]:
     """One number format for a whole column: plain when every value fits it, else scientific."""
-    plain = all(_special(v, dash) is not None or 1e-3 <= abs(v) < 1e5 for v in values)  # type: ignore[arg-type]
+    plain = all(_special(v, dash) is not None or (v is not None and 1e-3 <= abs(v) < 1e5) for v in values)
     out = []
     for v in values:
         special = _special(v, dash)

@@ -11,10 +11,15 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 from .. import interrupt
 from ..interrupt import Terminated
 from .exits import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, quiet_stdout
+
+if TYPE_CHECKING:  # (annotations only: the entry point imports as little as it can)
+    from collections.abc import Callable
+    from typing import Any
 
 
 def _raise_terminated(signum: int, frame: object) -> None:
@@ -22,13 +27,13 @@ def _raise_terminated(signum: int, frame: object) -> None:
     raise Terminated(signum)
 
 
-def _unraisable(hook: object) -> object:
-    def handle(info: object) -> None:
+def _unraisable(hook: Callable[[sys.UnraisableHookArgs], Any]) -> Callable[[sys.UnraisableHookArgs], None]:
+    def handle(info: sys.UnraisableHookArgs) -> None:
         # A stop raised inside a destructor or weakref callback is swallowed by Python;
         # it is recorded in tclip.interrupt and acted on at the next check.
         if isinstance(getattr(info, "exc_value", None), Terminated):
             return
-        hook(info)  # type: ignore[operator]
+        hook(info)
     return handle
 
 
@@ -57,13 +62,14 @@ def main() -> None:
     """Console entry point."""
     code = 0
     try:
-        sys.unraisablehook = _unraisable(sys.unraisablehook)  # type: ignore[assignment]
+        sys.unraisablehook = _unraisable(sys.unraisablehook)
         for name in ("SIGINT", "SIGTERM", "SIGHUP"):
             if hasattr(signal, name):
                 signal.signal(getattr(signal, name), _raise_terminated)
         for stream in (sys.stdout, sys.stderr):
             try:
                 # A terminal or pipe that cannot encode a name must never raise.
+                # (typeshed's TextIO has no reconfigure; sys.stdout is a TextIOWrapper or a replacement without it)
                 stream.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
             except (AttributeError, ValueError):
                 pass

@@ -353,8 +353,8 @@ def run_pass(steps: Iterable[Walk | Action], budget: Budget, work: Callable[[Blo
             result = work(block, runner.scratch())
             sink = block.walk.sink
             written = sink is not None and sink.parallel_safe
-            if written:
-                sink.write(block.start, block.data[0])  # type: ignore[union-attr]
+            if sink is not None and written:
+                sink.write(block.start, block.data[0])
             return block, result, written
 
         def in_order(job: Job, outcome: tuple[Block, Any, bool]) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -62,10 +62,16 @@ class Note(Tagged):
     kind: NoteKind
 
 
+@overload
+def dtype_text(dtype: np.dtype | str, label: str | None = None) -> str: ...
+@overload
+def dtype_text(dtype: np.dtype | str | None, label: str | None = None) -> str | None: ...
 def dtype_text(dtype: np.dtype | str | None, label: str | None = None) -> str | None:
     """A dtype as reports show it: the label of data that is not numbers, else its name."""
-    if label is not None or dtype is None or isinstance(dtype, str):
-        return label if label is not None else dtype  # type: ignore[return-value]
+    if label is not None:
+        return label
+    if dtype is None or isinstance(dtype, str):
+        return dtype
     return dtype_name(dtype)
 
 
@@ -123,7 +129,7 @@ class TensorReport:
 
     @property
     def dtype_text(self) -> str:
-        return dtype_text(self.dtype, self.dtype_label)  # type: ignore[return-value]
+        return dtype_text(self.dtype, self.dtype_label)
 
     @property
     def nonfinite(self) -> int:
@@ -373,7 +379,7 @@ class InfoTensor:
 
     @property
     def dtype_text(self) -> str:
-        return dtype_text(self.dtype, self.dtype_label)  # type: ignore[return-value]
+        return dtype_text(self.dtype, self.dtype_label)
 
     @property
     def counted_params(self) -> int:

@@ -109,11 +109,11 @@ def file_labels(paths: list[str]) -> dict[str, str]:
 
 
 def largest_tensor(report: FileReport) -> tuple[str | None, float | None]:
-    measured = [t for t in report.tensors if t.norm is not None]
+    measured = [(t.norm, t) for t in report.tensors if t.norm is not None]
     if not measured:
         return None, None
-    bad = [t for t in measured if t.nonfinite or math.isnan(t.norm)]  # type: ignore[arg-type]
-    top = bad[0] if bad else max(measured, key=lambda t: t.norm)  # type: ignore[arg-type,return-value]
+    bad = [t for norm, t in measured if t.nonfinite or math.isnan(norm)]
+    top = bad[0] if bad else max(measured, key=lambda pair: pair[0])[1]
     return top.name, top.norm
 
 

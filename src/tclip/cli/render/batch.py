@@ -38,7 +38,7 @@ def _where_outputs_go(reports: list[FileReport]) -> str | None:
     pairs = [(Path(r.file), _output(r)) for r in reports]
     if any(out is None for _, out in pairs):
         return None
-    outputs = [(source, Path(out)) for source, out in pairs]  # type: ignore[arg-type]
+    outputs = [(source, Path(out)) for source, out in pairs if out is not None]  # (all of them: see above)
     if all(out == source for source, out in outputs):
         return "in place"
     if all(out.parent == source.parent and out.name == default_output(source).name for source, out in outputs):

@@ -76,7 +76,8 @@ def colour_at(level: float) -> tuple[int, int, int]:
     """The colour of one level in [-1, 1] (for legends)."""
     end = HIGH if level >= 0 else LOW
     t = min(1.0, abs(level))
-    return tuple(int(round(m + (e - m) * t)) for m, e in zip(MIDDLE, end))  # type: ignore[return-value]
+    red, green, blue = (int(round(m + (e - m) * t)) for m, e in zip(MIDDLE, end))
+    return red, green, blue
 
 
 _LAYER = re.compile(r"(?:^|\.)(?:layers|layer|blocks|block|blk|h|encoder\.layer|decoder\.layers)\.(\d+)(?:\.|$)")

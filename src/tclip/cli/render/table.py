@@ -373,7 +373,7 @@ def lay_out(names: list[str], columns: list[Column], width: int | None, symbols:
             if total(name_width) > width and c.short_cells is not None:
                 use_short.add(c.key)
         dropped = []
-        for c in sorted([c for c in cols if c.drop is not None], key=lambda c: c.drop):  # type: ignore[arg-type,return-value]
+        for c in sorted([c for c in cols if c.drop is not None], key=lambda c: c.drop or 0):
             if total(name_width) <= width:
                 break
             cols.remove(c)
@@ -422,8 +422,9 @@ def lay_out(names: list[str], columns: list[Column], width: int | None, symbols:
             line.append(" " * GAP)
             line.append_text(bar_cells[row])
         line.rstrip()
-        if row_styles is not None and row_styles[row]:
-            line.stylize(row_styles[row])  # type: ignore[arg-type]
+        style = row_styles[row] if row_styles is not None else None
+        if style:
+            line.stylize(style)
         lines.append(line)
     return lines
 
