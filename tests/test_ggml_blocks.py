@@ -13,8 +13,8 @@ import gguf_helpers as gh
 import numpy as np
 import pytest
 
-from tclip.core import ggml_blocks as gb
-from tclip.formats._gguf_header import parse_gguf
+from tclip.quant.ggml import blocks as gb
+from tclip.formats.gguf.header import parse_gguf
 
 FIXTURES = Path(__file__).parent / "fixtures" / "gguf"
 EXPECTED = json.loads((FIXTURES / "expected.json").read_text())

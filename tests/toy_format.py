@@ -11,7 +11,7 @@ Two encodings prove the seam for quantized weights (``formats.base.Encoding``):
   read-only here: its reducer dequantizes each unit);
 - a tensor of dtype code 2 is one stored tensor of Q8_0 blocks (34 bytes per 32
   values: a float16 scale and 32 int8 codes, as GGUF stores them) whose header shape
-  is the logical shape: statistics in closed form (``core.ggml_blocks.block_stats``),
+  is the logical shape: statistics in closed form (``quant.ggml.blocks.block_stats``),
   NaN/Inf scales found (``scan_scales``), rescaled by rewriting the block scales
   (``scale_blocks``) through the writer's raw bytes.
 """
@@ -26,9 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
-from tclip.core import ggml_blocks
+from tclip.quant.ggml import blocks as ggml_blocks
 from tclip.core.kernels import UnitMoments, reduce_unit
-from tclip.core.quant import Findings, ScaleFindings
+from tclip.quant.codes import Findings, ScaleFindings
 from tclip.errors import FormatError
 from tclip.formats.atomic import AtomicOutput
 from tclip.formats.base import Encoding, EncodingSummary, PositionalWriter, TensorInfo, TensorReader, read_region

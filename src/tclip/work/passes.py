@@ -45,7 +45,7 @@ A tensor whose :class:`~tclip.formats.base.TensorInfo` carries an ``encoding``
 - statistics (pass 1, and pass 2's after-statistics) walk its *reducer*
   (:func:`tensor_walk` sets :attr:`Walk.reducer`): a source of raw data whose
   ``reduce`` gives each unit's result tuple in closed form, plus what the stored
-  parts held (:class:`~tclip.core.quant.Findings`); blocks, units and the order of
+  parts held (:class:`~tclip.quant.codes.Findings`); blocks, units and the order of
   merging are the driver's as for every tensor, so the results are the same bits
   for any thread count and block size;
 - values (``diff``) come from its ``source``: float64, C order;

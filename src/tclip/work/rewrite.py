@@ -20,10 +20,10 @@ from ..core.zeros import counted, counts_flushes, flush_limit, flushed_count, no
 from ..errors import TclipError, UnsupportedError
 from ..formats import TensorReader, TensorWriter, create_writer, open_reader
 from ..formats.atomic import identity_of
-from ..formats.quant_encoding import logical_view, open_logical, stored_reader
-from ..formats.quant_layout import QuantLayout
 from ..formats.registry import holds_metadata, output_format
 from ..messages import Option
+from ..quant.encoding import logical_view, open_logical, stored_reader
+from ..quant.layout import QuantLayout
 from ..text import name_list
 from .budget import Budget
 from .gate import gate_tolerance

@@ -17,13 +17,13 @@ import numpy as np
 
 from ..core.exact import ExactSum
 from ..core.kernels import Scratch
-from ..core.quant import Findings
 from ..core.stats import TensorStats
 from ..errors import TclipError
 from ..formats import SharedElements, TensorInfo, TensorReader
-from ..formats.quant_encoding import logical_view, open_logical
-from ..formats.quant_layout import QuantLayout
 from ..messages import Option
+from ..quant.codes import Findings
+from ..quant.encoding import logical_view, open_logical
+from ..quant.layout import QuantLayout
 from .budget import Budget
 from .passes import Block, HeldTensors, Progress, run_pass, tensor_walk
 from .selection import Selection, SkipKind, TensorEntry, is_rank_skip, select
@@ -137,7 +137,7 @@ def file_statistics(source: Path | str | TensorReader, *, selection: Selection |
         budget: memory and threads (:class:`tclip.work.budget.Budget`).
         progress: called with byte counts; one pass advances it by the file's size.
         layout: the quantized weights of the set this file belongs to (None: detected
-            from the file and the config beside it); see :mod:`tclip.formats.quant_layout`.
+            from the file and the config beside it); see :mod:`tclip.quant.layout`.
 
     Returns:
         A :class:`FileStats`, identical to the last bit for any budget.

@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from ..core.dtypes import is_floating
-from .base import TensorInfo
+from ..formats.base import TensorInfo
 
 # Activation and KV-cache scales: no weight's part, never a weight themselves.
 ACTIVATION_SUFFIXES = (".input_scale", ".input_global_scale", ".input_zero_point", ".output_scale",

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..core.dtypes import is_floating
 from ..core.kernels import Scratch, UnitMoments, reduce_unit
-from ..core.quant import (
+from .codes import (
     CODE_FORMATS,
     Findings,
     ScaleFindings,
@@ -44,9 +44,9 @@ from ..core.stats import TensorStats
 from ..core.units import UnitGrid
 from ..errors import TclipError, UnsupportedError
 from ..messages import Option
-from ._io import DEFAULT_BLOCK_BYTES
-from .base import Encoding, EncodingSummary, TensorInfo, TensorReader, TensorWriter
-from .quant_layout import QuantLayout, QuantWeight, detect, headers_of, read_configs
+from ..formats._io import DEFAULT_BLOCK_BYTES
+from ..formats.base import Encoding, EncodingSummary, TensorInfo, TensorReader, TensorWriter
+from .layout import QuantLayout, QuantWeight, detect, headers_of, read_configs
 
 # Scales read and rewritten per step of a rescale: a few MiB.
 RESCALE_CHUNK = 1 << 20
@@ -598,7 +598,7 @@ class LogicalReader(TensorReader):
         self.damage = stored.damage
         self._extra: dict[str, TensorReader] = {}
         if opener is None:
-            from .registry import open_reader as opener
+            from ..formats.registry import open_reader as opener
         try:
             if here is not None:
                 for file in sorted(layout.files_needed(here)):
@@ -744,7 +744,7 @@ def logical_view(reader: TensorReader, layout: QuantLayout | None = None, here: 
 
 def open_logical(path: Path | str, layout: QuantLayout | None = None, here: str | None = None) -> TensorReader:
     """Open a file as its logical tensors (see :func:`logical_view`)."""
-    from .registry import open_reader
+    from ..formats.registry import open_reader
 
     reader = open_reader(path)
     try:
@@ -756,7 +756,7 @@ def open_logical(path: Path | str, layout: QuantLayout | None = None, here: str 
 
 def open_any_logical(path: Path) -> TensorReader:
     """A file, or the set an index names (one reader over every shard), as its logical tensors."""
-    from .sharded import SetReader, TensorSet, is_index, resolve
+    from ..formats.sharded import SetReader, TensorSet, is_index, resolve
 
     if not is_index(path):
         return open_logical(path)

@@ -215,7 +215,7 @@ def _odd(value: np.ndarray) -> int:
 
 def _round_to(product: np.ndarray, dtype: np.dtype) -> np.ndarray:
     if dtype == ml_dtypes.bfloat16:
-        from .kernels import narrow_into
+        from ..core.kernels import narrow_into
 
         out = np.empty(np.shape(product), dtype)
         narrow_into(np.ascontiguousarray(product, np.float64), out)

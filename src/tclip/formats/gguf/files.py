@@ -1,8 +1,8 @@
 """GGUF files (llama.cpp, ollama, LM Studio) as a format module.
 
-The header is parsed by :mod:`~tclip.formats._gguf_header` (every count and length checked
+The header is parsed by :mod:`~tclip.formats.gguf.header` (every count and length checked
 against the file, long arrays summarised); the blocks' arithmetic is
-:mod:`tclip.core.ggml_blocks`. What the reader lists:
+:mod:`tclip.quant.ggml.blocks`. What the reader lists:
 
 - F32, F16, BF16, F64 and the integer types as plain tensors (NumPy-order shape, the
   file's byte order): measured and clipped like the tensors of every other format;
@@ -32,13 +32,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..core.kernels import UnitMoments, reduce_unit
-from ..core.quant import Findings, ScaleFindings
-from ..errors import FormatError, TclipError, UnsupportedError
-from ..messages import Option
-from ._io import copy_except, flat_result, pread_into
-from .atomic import AtomicOutput
-from .base import (
+from ...core.kernels import UnitMoments, reduce_unit
+from ...errors import FormatError, TclipError, UnsupportedError
+from ...messages import Option
+from ...quant.codes import Findings, ScaleFindings
+from .._io import copy_except, flat_result, pread_into
+from ..atomic import AtomicOutput
+from ..base import (
     Encoding,
     EncodingSummary,
     OtherObject,
@@ -50,15 +50,15 @@ from .base import (
 )
 
 if TYPE_CHECKING:
-    from ._gguf_header import GgufHeader, GgufTensor
+    from .header import GgufHeader, GgufTensor
 
 
 def _blocks() -> Any:
-    """tclip.core.ggml_blocks, imported on first use: with the header parser it costs some
+    """tclip.quant.ggml.blocks, imported on first use: with the header parser it costs some
     8 ms, which a command that meets no GGUF file need not pay."""
-    from ..core import ggml_blocks
+    from ...quant.ggml import blocks
 
-    return ggml_blocks
+    return blocks
 
 NAME = "gguf"
 SUFFIXES = (".gguf",)
@@ -87,7 +87,7 @@ MAX_SCALE_ROUNDING = 2.0 ** -9
 
 def sniff(head: bytes, size: int) -> bool:
     """GGUF's magic (the same four bytes in little- and big-endian files)."""
-    return head.startswith(b"GGUF")  # _gguf_header.GGUF_MAGIC
+    return head.startswith(b"GGUF")  # header.GGUF_MAGIC
 
 
 def _bfloat16() -> np.dtype:
@@ -101,7 +101,7 @@ def _bfloat16() -> np.dtype:
 
 def _metadata_value(value: Any, kind: Any) -> Any:
     """A metadata value as plain data (long arrays and strings summarised, never whole)."""
-    from ._gguf_header import GgufArray, GgufLongString
+    from .header import GgufArray, GgufLongString
 
     if isinstance(value, GgufArray):
         return {"array": value.element_type.name, "length": value.length,
@@ -325,7 +325,7 @@ class BlockReducer:
     Units are runs of whole rows or pieces of one row (``UnitGrid`` cuts a row only into
     runs of its unit size, a multiple of every block size). The sum of squares of a unit
     (or of each of its rows, for ``--axes`` on the last axis) comes from
-    :func:`~tclip.core.ggml_blocks.block_stats`; other axes, sums of ``|x|`` and moments
+    :func:`~tclip.quant.ggml.blocks.block_stats`; other axes, sums of ``|x|`` and moments
     need the values, dequantized one unit at a time (at most a unit's worth of float64).
     """
 
@@ -423,7 +423,7 @@ class GgufReader(TensorReader):
 
     def __init__(self, path: Path) -> None:
         super().__init__(path)
-        from ._gguf_header import parse_gguf
+        from .header import parse_gguf
 
         # A file cut after its header is listed (info reads headers only); reading its data is refused.
         self.header: GgufHeader = parse_gguf(path, data_may_be_missing=True)

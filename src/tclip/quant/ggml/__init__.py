@@ -1,0 +1,1 @@
+"""ggml's quantized blocks (GGUF): :mod:`~tclip.quant.ggml.blocks`."""
