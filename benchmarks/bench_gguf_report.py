@@ -9,7 +9,7 @@ weights' have, as in bench_gguf_blocks.py), then, with the file in the page cach
 ``--repeat``):
 
 - ``cat``: ``cat FILE > /dev/null``, the floor for reading it;
-- ``scan``: :func:`tclip.quant.ggml.blocks.scan_scales` over the mapped tensor data, one core
+- ``scan``: :func:`tclip.quant.ggml.scan_scales` over the mapped tensor data, one core
   (what ``report`` adds to find NaN/Inf scales);
 - ``report 1``: ``tclip report --threads 1 FILE`` (norms, extremes, NaN/Inf counts,
   the scale scan), one core;
@@ -37,7 +37,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_gguf_blocks import random_blocks  # noqa: E402
 
-from tclip.quant.ggml import blocks as gb  # noqa: E402
+from tclip.quant import ggml as gb  # noqa: E402
 
 SIDE = 4096
 NUMPY_SCRIPT = """

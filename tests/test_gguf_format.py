@@ -21,7 +21,7 @@ from click.testing import CliRunner
 
 import tclip
 from tclip.cli import cli
-from tclip.quant.ggml import blocks as gb
+from tclip.quant import ggml as gb
 from tclip.formats import open_reader
 from tclip.formats.gguf.header import parse_gguf
 

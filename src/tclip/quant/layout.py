@@ -74,7 +74,7 @@ class Part:
 
 @dataclass(frozen=True)
 class Scheme:
-    """How a weight's real values come from its parts (see :mod:`tclip.core.quant`).
+    """How a weight's real values come from its parts (see :mod:`tclip.quant.codes`).
 
     ``codes``: the code format; ``block``: (rows, columns) per scale; ``e8m0``: the
     block scales are E8M0 bytes; ``global_op``: ``"multiply"``, ``"divide"`` or None;

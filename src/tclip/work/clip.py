@@ -14,8 +14,8 @@ from ..errors import OutputExistsError
 from ..formats.locks import Locks, RunLock
 from ..formats.registry import output_format
 from ..messages import Option
-from ..quant.encoding import open_logical
 from ..quant.layout import QuantLayout
+from ..quant.view import open_logical
 from .budget import Budget
 from .inputs import check_outputs, output_for
 from .options import ClipOptions

@@ -36,7 +36,7 @@ from ..core.kernels import Scratch
 from ..errors import TclipError
 from ..formats import TensorInfo, TensorReader
 from ..messages import Naming, Option, Tagged, library_name, spelled
-from ..quant.encoding import open_any_logical
+from ..quant.view import open_any_logical
 from ..text import name_list
 from .budget import Budget
 from .mapping import RenameRule, apply_mapping, suggest_mapping

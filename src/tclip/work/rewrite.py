@@ -22,8 +22,9 @@ from ..formats import TensorReader, TensorWriter, create_writer, open_reader
 from ..formats.atomic import identity_of
 from ..formats.registry import holds_metadata, output_format
 from ..messages import Option
-from ..quant.encoding import logical_view, open_logical, stored_reader
+from ..quant.contract import computing
 from ..quant.layout import QuantLayout
+from ..quant.view import logical_view, open_logical, stored_reader
 from ..text import name_list
 from .budget import Budget
 from .gate import gate_tolerance
@@ -227,7 +228,7 @@ def _encoded_steps(reader: TensorReader, writer: TensorWriter | None, work: dict
         tensor_axes = normalize_axes(axes, len(info.shape)) if factor.ndim else None
         if writer is not None:
             try:
-                for part, job in info.encoding.rescale(reader, writer, info, factor):
+                for part, job in computing(reader, info).rescale(reader, writer, info, factor):
                     jobs[part] = Action(part, job)
             except ValueError as error:
                 raise UnsupportedError(f"tensor {name!r}: {error}; nothing was written", reader.path) from None

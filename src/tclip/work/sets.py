@@ -44,8 +44,8 @@ from ..formats.sharded import (
     write_index,
 )
 from ..messages import Option
-from ..quant.encoding import layout_of_files, open_logical
 from ..quant.layout import QuantLayout
+from ..quant.view import layout_of_files, open_logical
 from .budget import Budget
 from .companions import Companions, companions, copy_companions, with_plain_files
 from .clip import file_info

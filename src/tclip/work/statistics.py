@@ -22,8 +22,8 @@ from ..errors import TclipError
 from ..formats import SharedElements, TensorInfo, TensorReader
 from ..messages import Option
 from ..quant.codes import Findings
-from ..quant.encoding import logical_view, open_logical
 from ..quant.layout import QuantLayout
+from ..quant.view import logical_view, open_logical
 from .budget import Budget
 from .passes import Block, HeldTensors, Progress, run_pass, tensor_walk
 from .selection import Selection, SkipKind, TensorEntry, is_rank_skip, select

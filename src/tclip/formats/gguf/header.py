@@ -28,7 +28,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ...errors import FormatError
-from ...quant.ggml.blocks import GGML_TYPES, type_name
+from .ggml_types import GGML_TYPES, type_name
 
 __all__ = [
     "DEFAULT_ALIGNMENT",
