@@ -13,9 +13,9 @@ import gguf_helpers as gh
 import numpy as np
 import pytest
 
+from tclip.formats.gguf.header import parse_gguf
 from tclip.quant import ggml as gb
 from tclip.quant.ggml.blocks import _QUANTS
-from tclip.formats.gguf.header import parse_gguf
 
 FIXTURES = Path(__file__).parent / "fixtures" / "gguf"
 EXPECTED = json.loads((FIXTURES / "expected.json").read_text())
