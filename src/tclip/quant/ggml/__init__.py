@@ -49,12 +49,44 @@ The types' ids, names and sizes are the GGUF format's (:mod:`tclip.formats.gguf.
 
 from __future__ import annotations
 
-from ...formats.gguf.ggml_types import GGML_TYPES, GgmlType, tensor_nbytes, type_info, type_name
+from ...formats.gguf.ggml_types import (
+    BF16,
+    F16,
+    F32,
+    GGML_TYPES,
+    Q2_K,
+    Q3_K,
+    Q4_0,
+    Q4_1,
+    Q4_K,
+    Q5_0,
+    Q5_1,
+    Q5_K,
+    Q6_K,
+    Q8_0,
+    GgmlType,
+    tensor_nbytes,
+    type_info,
+    type_name,
+)
 from .arithmetic import BlockStats, ScaledBlocks, ScaleScan, block_stats, round_f16_product, scale_blocks, scan_scales
 from .blocks import can_scale, can_scan, dequantize, dequantize_bands, is_supported
 
 __all__ = [
+    "BF16",
+    "F16",
+    "F32",
     "GGML_TYPES",
+    "Q2_K",
+    "Q3_K",
+    "Q4_0",
+    "Q4_1",
+    "Q4_K",
+    "Q5_0",
+    "Q5_1",
+    "Q5_K",
+    "Q6_K",
+    "Q8_0",
     "BlockStats",
     "GgmlType",
     "ScaleScan",
