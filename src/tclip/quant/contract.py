@@ -43,7 +43,7 @@ from ..errors import TclipError
 from ..formats.base import Encoding, EncodingSummary, TensorInfo, TensorReader, TensorWriter
 from .codes import Findings
 
-__all__ = ["QuantEncoding", "Reducer", "Rescale", "UnitResult", "ValueSource", "computing"]
+__all__ = ["LandingCheck", "QuantEncoding", "Reducer", "Rescale", "UnitResult", "ValueSource", "computing"]
 
 # (stored part, job) for each part of a file a rescale rewrites; a job returns the bytes it wrote.
 Rescale = list[tuple[str, Callable[[], int]]]
@@ -79,6 +79,19 @@ class Reducer(ValueSource, Protocol):
     def reduce(self, data: Any, grid: UnitGrid, first: int, stop: int, stats: TensorStats,
                scratch: Any) -> tuple[list[UnitResult], Findings | None]:
         """One :class:`UnitResult` per unit ``first..stop-1``, and what the stored parts held."""
+
+
+@runtime_checkable
+class LandingCheck(Protocol):
+    """A reducer with a factor that also checks the rescale it measured (pass 2's
+    after-statistics of codes plus scales), before anything is committed."""
+
+    def check_landing(self, tolerance: float, path: object) -> None:
+        """Refuse (UnsupportedError) a rescale whose rounded scales leave the weight -- or a
+        row, with one factor per row -- further than ``tolerance`` from the factor times it."""
+
+    def flushed(self) -> int:
+        """Non-zero values the rescale made zero."""
 
 
 @runtime_checkable

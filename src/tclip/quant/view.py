@@ -57,7 +57,9 @@ class LogicalReader(TensorReader):
         self.damage = stored.damage
         self._extra: dict[str, TensorReader] = {}
         if opener is None:
-            from ..formats.registry import open_reader as opener
+            from ..formats.registry import open_reader
+
+            opener = open_reader
         try:
             if here is not None:
                 for file in sorted(layout.files_needed(here)):

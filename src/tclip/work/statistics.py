@@ -17,7 +17,7 @@ import numpy as np
 
 from ..core.exact import ExactSum
 from ..core.kernels import Scratch
-from ..core.stats import TensorStats
+from ..core.stats import TensorStats, UnitResult
 from ..errors import TclipError
 from ..formats import SharedElements, TensorInfo, TensorReader
 from ..messages import Option
@@ -168,13 +168,13 @@ def _statistics(reader: TensorReader, selection: Selection, axes: object, track_
     result.unmeasured_others = [o.name for o in reader.others if o.unreadable_type and selection.matches(o.name)]
     walks = [tensor_walk(reader, name, axes=stats[name].axes) for name in to_read]
 
-    def work(block: Block, scratch: Scratch) -> tuple[list[tuple], Findings | None]:
+    def work(block: Block, scratch: Scratch) -> tuple[list[UnitResult], Findings | None]:
         tensor_stats, walk = stats[block.walk.name], block.walk
         if walk.reducer is not None:  # an encoded tensor: its own closed form per unit
             return walk.reducer.reduce(block.data[0], walk.grid, block.first, block.stop, tensor_stats, scratch)
         return [tensor_stats.reduce(unit, scratch, walk.axes) for _, (unit,) in block.units()], None
 
-    def merge(block: Block, outcome: tuple[list[tuple], Findings | None]) -> None:
+    def merge(block: Block, outcome: tuple[list[UnitResult], Findings | None]) -> None:
         results, found = outcome
         walk = block.walk
         if found is not None:

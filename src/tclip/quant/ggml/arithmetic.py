@@ -336,6 +336,8 @@ def _nonfinite(blocks: np.ndarray, at: int, encoding: str, order: str
         bits = blocks.reshape(-1).view(order + ("u4" if width == 4 else "u2"))
     else:
         bits = np.ascontiguousarray(blocks[:, at:at + width]).view(order + ("u4" if width == 4 else "u2"))[:, 0]
+    exponent: np.unsignedinteger
+    mantissa: np.unsignedinteger
     if encoding == "f32":
         exponent, mantissa = np.uint32(0x7F800000), np.uint32(0x007FFFFF)
     elif encoding == "f16":

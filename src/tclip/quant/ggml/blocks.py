@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -35,7 +35,7 @@ _FLOAT_TYPES = (F32, F16, BF16)
 
 
 # Per sub-block: Σc, Σc² (int64, c = u - bias) and, when asked, the smallest and largest c.
-CodeStats = tuple[np.ndarray, np.ndarray, "np.ndarray | None", "np.ndarray | None"]
+CodeStats = tuple[np.ndarray, np.ndarray, Optional[np.ndarray], Optional[np.ndarray]]
 
 
 @dataclass(frozen=True)
@@ -111,8 +111,7 @@ def _words(blocks: np.ndarray, start: int, stop: int) -> np.ndarray:
     return np.ascontiguousarray(blocks[:, start:stop]).view(np.uint16)
 
 
-def _nibble_stats(blocks: np.ndarray, start: int, runs: int, length: int, extremes: bool
-                  ) -> tuple[np.ndarray, ...]:
+def _nibble_stats(blocks: np.ndarray, start: int, runs: int, length: int, extremes: bool) -> CodeStats:
     """Σu, Σu² (and smallest/largest u) of the low and of the high nibbles of ``runs``
     runs of ``length`` bytes from byte ``start``: arrays of shape (blocks, runs, 2).
 

@@ -150,6 +150,7 @@ class GgmlBlocks(QuantEncoding):
         :data:`MAX_SCALE_ROUNDING` of the norm: the whole tensor's for one factor, each row's
         for one factor per row (what ``max_norm`` then checks)."""
         per_row = _row_factors(factor, self.rows)
+        checks: list[tuple[float, float, float, int | None]]
         if per_row is None:
             checks = [(float(np.asarray(factor).reshape(-1)[0]), math.fsum(before), math.fsum(after), None)]
         else:
