@@ -59,3 +59,15 @@ def test_norm_clip_keeps_its_axes_parsed():
 def test_norm_clip_refuses_axes_that_are_not_integers_when_made():
     with pytest.raises(TypeError, match="axes: expected integers, got 0.5"):
         NormClip(2.0, axes=[0.5])
+
+
+def test_report_file_parses_its_axes_before_reading_anything(tmp_path):
+    # only an integer tensor: no tensor reaches the rank check, so the axes are checked where given
+    path = tmp_path / "steps.npz"
+    np.savez(path, step=np.array([7], np.int64))
+    import tclip
+
+    with pytest.raises(TypeError, match="axes: expected integers, got 'x'"):
+        tclip.report_file(path, axes=["x"])
+    report = tclip.report_file(path, axes=np.array([1]))
+    assert report.to_json()["params"]["axes"] == [1]

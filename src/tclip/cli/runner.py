@@ -6,6 +6,7 @@ Kept apart from :mod:`tclip.cli` so that parsing options imports nothing heavy.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -81,7 +82,7 @@ class Runner:
         self.failed: list[str] = []
         self.ok = 0
         self.checks_failed: list[str] = []
-        warnings.showwarning = self._library_warning  # type: ignore[assignment]
+        warnings.showwarning = self._library_warning
 
     def _library_warning(self, message: Any, category: Any, filename: str, lineno: int, file: Any = None,
                          line: Any = None) -> None:
@@ -268,8 +269,10 @@ def run_clip(mode: Any, *, files: tuple[str, ...], recursive: bool, output: Path
         for weights, folder in folders.weights.items()}
     total = 0
     for _, path in inputs:
+        if path is None:
+            continue
         try:
-            members = load_index(path).files if is_index(path) else ([path] if path is not None else [])
+            members = load_index(path).files if is_index(path) else [path]
             total += sum(f.stat().st_size for f in members if f.exists())
         except (TclipError, OSError):
             pass  # reported when it runs
@@ -296,8 +299,9 @@ def run_clip(mode: Any, *, files: tuple[str, ...], recursive: bool, output: Path
             for name, item in (group_sets(inputs, across_files) if use_sets else inputs):
                 if item is None:
                     runner.error(name, f"{name}: no tensor files match")
-                elif use_sets:
-                    report = runner.attempt(name, lambda s=item: clip_set(s, mode, options, dask_address, progress))
+                elif not isinstance(item, Path):  # a tensor set (use_sets)
+                    report = runner.attempt(name, functools.partial(clip_set, item, mode, options, dask_address,
+                                                                    progress))
                     if report is not None:
                         runner.done(name, report, show)
                 else:
@@ -309,7 +313,7 @@ def run_clip(mode: Any, *, files: tuple[str, ...], recursive: bool, output: Path
                             copy_into_report(report, copies[p], dry_run, force)
                         return report
 
-                    report = runner.attempt(name, lambda p=item, n=name: clip_one(p, n))
+                    report = runner.attempt(name, functools.partial(clip_one, item, name))
                     if report is not None:
                         runner.done(name, report, show)
                 if runner.failed and fail_fast:
@@ -341,7 +345,7 @@ def _check_run_outputs(inputs: list[tuple[str, Path | None]], options: Any, use_
         if item is None:
             continue
         try:
-            if use_sets:
+            if not isinstance(item, Path):  # a tensor set (use_sets)
                 part, members = planned_outputs(item, options)
             elif item.exists():
                 part, members = {item: output_for(item, options)}, [item]
@@ -414,7 +418,7 @@ def run_report(*, files: tuple[str, ...], recursive: bool, order: str, axes: tup
             if item is None:
                 runner.error(name, f"{name}: no tensor files match")
                 continue
-            report = runner.attempt(name, lambda n=name, i=item: measure(n, i, progress))
+            report = runner.attempt(name, functools.partial(measure, name, item, progress))
             if report is None:
                 continue
             if summary:
@@ -432,11 +436,11 @@ def run_report(*, files: tuple[str, ...], recursive: bool, order: str, axes: tup
         changes = top if top is not None else TOP_CHANGES
         if as_json:
             by_file = {r.file: r for r in reports}
-            for item in summary_json(reports, flag, sort=sort, top=changes):
+            for entry in summary_json(reports, flag, sort=sort, top=changes):
                 # every tensor's norm, as --of grads|drift give every value (the pictures' cells)
-                item["norms"] = json_safe([{"name": t.name, "norm": t.norm} for t in by_file[item["file"]].tensors
-                                           if t.norm is not None])
-                runner.emit(item)
+                entry["norms"] = json_safe([{"name": t.name, "norm": t.norm} for t in by_file[entry["file"]].tensors
+                                            if t.norm is not None])
+                runner.emit(entry)
         elif not quiet:
             render_across_files(reports, runner.out, runner.width, sort=sort, top=changes)
         if plot is not None or heatmap:

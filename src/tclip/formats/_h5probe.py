@@ -38,10 +38,13 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..children import child_command, close_pipes, kill_process, take
 from ..errors import FormatError, TclipError, UnsupportedError
+
+if TYPE_CHECKING:  # (the child and the early start import this module without NumPy)
+    import numpy as np
 
 # The walk of a file of a few MiB takes well under a second; a hang is refused after this
 # long, plus a second per 16 MiB of file (chunk indexes and object headers grow with it).
@@ -100,7 +103,7 @@ class ChildGone(Exception):
         self.what = what
 
 
-def send_frame(stream: Any, header: dict[str, Any], payload: bytes | memoryview = b"") -> None:
+def send_frame(stream: Any, header: dict[str, Any], payload: bytes | memoryview | np.ndarray = b"") -> None:
     """Write one frame to a binary stream (the child's side). A value JSON cannot hold
     (an attribute of an odd type) is sent as its text."""
     text = json.dumps(header, default=str).encode("utf-8")
@@ -158,7 +161,7 @@ class Child:
             self.kill()
             raise
 
-    def request(self, header: dict[str, Any], payload: bytes | memoryview = b"", *, what: str,
+    def request(self, header: dict[str, Any], payload: bytes | memoryview | np.ndarray = b"", *, what: str,
                 nbytes: int = 0) -> tuple[dict[str, Any], bytes]:
         """Send one request; the reply (its header and payload). ``what`` names the work for
         errors (e.g. "reading tensor 'w'"); ``nbytes`` sizes its time limit."""
@@ -173,7 +176,8 @@ class Child:
             try:
                 self._write(_FRAME.pack(len(text), len(payload)) + text, deadline)
                 if len(payload):
-                    self._write(memoryview(payload).cast("B"), deadline)
+                    # an array is a buffer; NumPy's stubs say so only from Python 3.12
+                    self._write(memoryview(payload).cast("B"), deadline)  # type: ignore[arg-type]
             except ChildGone:
                 pass  # the reply (none) says how it ended
             return self._reply(deadline, what)

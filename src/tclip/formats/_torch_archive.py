@@ -261,16 +261,16 @@ def _load_zip(path: Path, handle: Any, limits: PickleLimits, root_name: str) -> 
                 pickle_name)]
     for key, ref in result.storages.items():
         member = f"{prefix}/data/{key}"
-        info = by_name.get(member)
-        if info is None:
+        found = by_name.get(member)
+        if found is None:
             raise FormatError(f"storage {key!r} named by the pickle has no member {member!r}", path)
-        offset = _data_offset(info, fd, end_of_data, path)
-        if info.file_size != ref.nbytes:
+        offset = _data_offset(found, fd, end_of_data, path)
+        if found.file_size != ref.nbytes:
             raise FormatError(
-                f"storage {key!r}: member {member!r} holds {info.file_size} bytes, the pickle declares "
+                f"storage {key!r}: member {member!r} holds {found.file_size} bytes, the pickle declares "
                 f"{ref.numel} x {_dtype_text(ref.dtype)} = {ref.nbytes} bytes", path)
         storages[key] = StorageInfo(key, member, ref.dtype, ref.numel, offset, ref.nbytes, ref.location)
-        regions.append((info.header_offset, _member_end(info, offset, fd, file_size), member))
+        regions.append((found.header_offset, _member_end(found, offset, fd, file_size), member))
     # Every other member and the directory too: a storage running over them (the byteorder
     # record, a local header) would be rewritten into them, and the output fail to load.
     located = {pickle_name, *(s.member for s in storages.values())}

@@ -28,7 +28,7 @@ import pickletools
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import ml_dtypes
 import numpy as np
@@ -108,7 +108,7 @@ _STORAGE_DTYPES: dict[str, str | None] = {
 }
 
 
-def _numpy_dtype(name: str, byteorder: str) -> np.dtype:
+def _numpy_dtype(name: str, byteorder: Literal["<", ">"]) -> np.dtype:
     dtype = TORCH_DTYPES[name]
     return dtype.newbyteorder(byteorder) if dtype.itemsize > 1 else dtype
 
@@ -224,7 +224,7 @@ class TorchValue:
     text: str
 
 
-class OrderedDictValue(dict):  # type: ignore[type-arg]
+class OrderedDictValue(dict):
     """A pickled ``collections.OrderedDict`` (a plain dict keeps insertion order too).
 
     ``attributes`` holds what the pickle set on it with BUILD (a state_dict's
@@ -251,11 +251,13 @@ class OrderedDictValue(dict):  # type: ignore[type-arg]
         self._states[id(state)] = state
 
 
-class _HashedTuple(tuple):  # type: ignore[type-arg]
+class _HashedTuple(tuple):
     """A tuple used as a dict key or set element, hashed through the text of its
     items' hashes: CPython's tuple hash of attacker-chosen ints collides at will, and
     colliding keys make every insert compare with all the others (quadratic work
     from a small pickle). Its items are canonical keys (see ``_Interpreter.key``)."""
+
+    _hash: int
 
     def __new__(cls, items: list[Any]) -> _HashedTuple:
         self = super().__new__(cls, items)
@@ -426,7 +428,7 @@ class _Stop(Exception):
 class _Interpreter:
     """One run over one pickle; see :func:`load_torch_pickle`."""
 
-    def __init__(self, data: Any, start: int, stop: int, persistent: str, byteorder: str,
+    def __init__(self, data: Any, start: int, stop: int, persistent: str, byteorder: Literal["<", ">"],
                  limits: PickleLimits, where: str, path: object) -> None:
         self.data = data  # bytes or mmap: both slice to bytes and find without copying
         self.pos = start
@@ -645,8 +647,8 @@ class _Interpreter:
                 raise self.refused(f"pickles an object{self._class_of_mark()} (opcode OBJ)")
             if name in ("NEWOBJ", "NEWOBJ_EX"):
                 depth = 3 if name == "NEWOBJ_EX" else 2
-                cls = self.stack[-depth] if len(self.stack) >= depth else None
-                what = f" of class {cls.name}" if isinstance(cls, _Global) else ""
+                made = self.stack[-depth] if len(self.stack) >= depth else None
+                what = f" of class {made.name}" if isinstance(made, _Global) else ""
                 raise self.refused(f"pickles an object{what} (opcode {name})")
             if name == "PERSID":
                 raise self.refused("has a text persistent id (not a torch storage)")
@@ -1042,7 +1044,7 @@ class _Interpreter:
     def reduce_rebuild_tensor_v2(self, func: _Global, args: tuple[Any, ...]) -> TensorRef:
         self._arity(func, args, 6, 7)
         metadata = args[6] if len(args) == 7 else None
-        return self.tensor(func, *args[:4], args[4], args[5], metadata)
+        return self.tensor(func, args[0], args[1], args[2], args[3], args[4], args[5], metadata)
 
     def reduce_rebuild_tensor_v3(self, func: _Global, args: tuple[Any, ...]) -> TensorRef:
         self._arity(func, args, 7, 8)
@@ -1050,7 +1052,7 @@ class _Interpreter:
         if not isinstance(dtype, TorchValue) or dtype.kind != "dtype":
             raise self.malformed(f"{func.name} without a dtype")
         metadata = args[7] if len(args) == 8 else None
-        return self.tensor(func, *args[:4], args[4], args[5], metadata, dtype.text)
+        return self.tensor(func, args[0], args[1], args[2], args[3], args[4], args[5], metadata, dtype.text)
 
     def tensor(self, func: _Global, storage: Any, offset: Any, shape: Any, stride: Any,
                requires_grad: Any, hooks: Any, metadata: Any, dtype_name: str | None = None) -> TensorRef:

@@ -182,8 +182,8 @@ def plain_value(value: Any, file: h5py.File | None = None) -> Any:
         return f"<reference to {_deref(value, file)}>"
     if isinstance(value, np.void):
         if value.dtype.fields:
-            return {key: plain_value(value[key], file) for key in value.dtype.names}
-        return bytes(value).hex()
+            return {key: plain_value(value[key], file) for key in value.dtype.names or ()}
+        return value.tobytes().hex()
     if isinstance(value, np.ndarray):
         if value.dtype.fields:
             return [plain_value(v, file) for v in value.reshape(-1)]
@@ -344,6 +344,8 @@ class Hdf5Reader(TensorReader):
         ``optimizer_weights/`` in the legacy one (``model_weights/`` or a ``keras_version``)."""
         h5py = import_h5py()
         root = self.file
+        if root is None:  # (closed: nothing to mark)
+            return
 
         def group(name: str) -> bool:
             try:
@@ -1033,9 +1035,9 @@ class DatasetWrites:
         h5py = import_h5py()
         self.label = label or path
         self._create = create
-        self._current: tuple[str, h5py.Dataset] | None = None
+        self._current: tuple[str, Any] | None = None  # (name, its h5py Dataset: h5py has no types)
         try:
-            self.file: h5py.File | None = h5py.File(path, "w" if create is not None else "r+")
+            self.file: Any = h5py.File(path, "w" if create is not None else "r+")  # None once closed
         except _H5_ERRORS as error:
             raise FormatError(f"cannot open the copy for writing ({_first_line(error)})", self.label) from None
         try:

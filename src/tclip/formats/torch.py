@@ -505,7 +505,8 @@ def _elements_meet(a: View, b: View) -> bool:
     if a.ref.order() is not None and b.ref.order() is not None:
         return True
     try:
-        return bool(np.shares_memory(_describe(a), _describe(b), max_work=100_000))
+        # numpy's stubs allow only the special values -1 and 0; NumPy takes any positive bound
+        return bool(np.shares_memory(_describe(a), _describe(b), max_work=100_000))  # type: ignore[arg-type]
     except _TOO_HARD:
         return True
 

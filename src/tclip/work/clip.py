@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from ..core.modes import Mode, NormClip, ValueClip, value_bounds
+from ..core.stats import AxesLike, parse_axes
 from ..errors import OutputExistsError
 from ..formats.locks import Locks, RunLock
 from ..formats.registry import output_format
@@ -69,15 +70,14 @@ def clip_file(path: Path | str, mode: Mode, options: ClipOptions | None = None,
     with lock, open_logical(path) as reader:
         entries, _ = select(reader, options.selection, axes)
         warnings = check_selection(entries, list(reader.tensors), mode, options, path)
-        target = output_for(path, options)
+        would_write = output_for(path, options)
         if not options.in_place:
-            check_outputs({path: target}, [path])
+            check_outputs({path: would_write}, [path])
         overwrite = options.overwrite or options.in_place
-        would_write, exists = target, os.path.lexists(target)
-        if options.dry_run:
-            target = None
-        elif not overwrite and exists:
-            raise OutputExistsError(("output already exists; pass ", Option.FORCE, " to replace it"), target)
+        exists = os.path.lexists(would_write)
+        target = None if options.dry_run else would_write  # (a dry run writes nothing)
+        if not options.dry_run and not overwrite and exists:
+            raise OutputExistsError(("output already exists; pass ", Option.FORCE, " to replace it"), would_write)
         if options.in_place and not options.dry_run:
             links = os.stat(path).st_nlink
             if links > 1:
@@ -113,7 +113,7 @@ def clip_file(path: Path | str, mode: Mode, options: ClipOptions | None = None,
     return report
 
 
-def report_file(path: Path | str, *, axes: object = None, ord: str = "2", selection: Selection | None = None,
+def report_file(path: Path | str, *, axes: AxesLike = None, ord: str = "2", selection: Selection | None = None,
                 block_bytes: int | None = None, progress: Progress | None = None, moments: bool = False,
                 memory: int = Budget.memory, threads: int = 0, max_norm: float | None = None) -> FileReport:
     """Read a file and report the norms and statistics of its tensors; writes nothing.
@@ -134,13 +134,14 @@ def report_file(path: Path | str, *, axes: object = None, ord: str = "2", select
     """
     path = Path(path)
     started = time.perf_counter()
+    parsed = parse_axes(axes)
     selection = selection or Selection()
     params: dict[str, object] = {"ord": ord}
-    if axes is not None:
-        params["axes"] = [axes] if isinstance(axes, int) else list(axes)  # type: ignore[call-overload]
+    if parsed is not None:
+        params["axes"] = list(parsed)
     if max_norm is not None:
         params["max_norm"] = max_norm
-    stats = file_statistics(path, selection=selection, axes=axes, track_l1=ord == "1", track_moments=moments,
+    stats = file_statistics(path, selection=selection, axes=parsed, track_l1=ord == "1", track_moments=moments,
                             budget=Budget(memory, threads, block_bytes), progress=progress, whole_if_rank_skip=True)
     report = report_from_stats(stats, ord, params, selection)
     report.elapsed_s = time.perf_counter() - started

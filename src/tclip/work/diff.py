@@ -351,11 +351,11 @@ def diff_files(a: Path | str, b: Path | str, *, rtol: float = 0.0, atol: float =
         _check_names(reader_a, reader_b, rules, used, selection, report)
     # The global figures cover floating tensors, as the report's global norm does (a step
     # counter would swamp them).
-    compared = [t for t in report.tensors if t.status is Status.COMPARED and isinstance(t.dtype_a, np.dtype)
+    floating = [t for t in report.tensors if t.status is Status.COMPARED and isinstance(t.dtype_a, np.dtype)
                 and is_floating(t.dtype_a)]
-    report.global_diff_norm = math.sqrt(math.fsum((t.diff_norm or 0.0) ** 2 for t in compared
+    report.global_diff_norm = math.sqrt(math.fsum((t.diff_norm or 0.0) ** 2 for t in floating
                                                   if t.diff_norm is not None and math.isfinite(t.diff_norm)))
-    report.global_norm_a = math.sqrt(math.fsum((t.norm_a or 0.0) ** 2 for t in compared
+    report.global_norm_a = math.sqrt(math.fsum((t.norm_a or 0.0) ** 2 for t in floating
                                                if t.norm_a is not None and math.isfinite(t.norm_a)))
     report.elapsed_s = time.perf_counter() - started
     return report
@@ -394,8 +394,8 @@ def _check_names(reader_a: TensorReader, reader_b: TensorReader, rules: list[Ren
                                          f"B: {name_list(only_b or names_b, 2)})",)
     suggestion = suggest_mapping(list(reader_a.tensors), list(reader_b.tensors))
     if suggestion is not None:
-        rule, paired = suggestion
-        message += ("; ", Option.MAP, f" {rule!r} would pair {paired:,} of {len(reader_a.tensors):,}")
+        suggested, paired = suggestion
+        message += ("; ", Option.MAP, f" {suggested!r} would pair {paired:,} of {len(reader_a.tensors):,}")
     report.warnings.append(DiffNote(DiffNoteKind.NO_PAIRS, message))
 
 

@@ -35,7 +35,7 @@ def mode_params(mode: Mode) -> dict[str, object]:
     params: dict[str, object] = {"clip": mode.clip_norm}
     if isinstance(mode, NormClip):
         axes = mode.axes
-        params["axes"] = None if axes is None else ([axes] if isinstance(axes, int) else list(axes))
+        params["axes"] = None if axes is None else list(axes)
     if isinstance(mode, GlobalNormClip):
         params["use_norm"] = mode.use_norm
     return params

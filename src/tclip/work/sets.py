@@ -370,7 +370,8 @@ def _clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_addre
             raise
         # a dry run still measures (the global norm), and says the real run needs an output
         unplanned, planned, planned_index = error, {f: None for f in tensor_set.files}, None
-    targets, index_target = ({f: None for f in planned}, None) if options.dry_run else (planned, planned_index)
+    targets: dict[Path, Path | None] = {f: None for f in planned} if options.dry_run else planned
+    index_target = None if options.dry_run else planned_index
     others = _companions(tensor_set, options) if unplanned is None else Companions()
     if not options.in_place and not options.dry_run:
         check_outputs(*planned_outputs(tensor_set, options))
