@@ -239,12 +239,14 @@ def summary(paths: PathLike | Iterable[PathLike], *, of: str = "norms", ord: str
 
 
 def clip(path: PathLike, mode: Mode, *, output: PathLike | None = None, out_dir: PathLike | None = None,
-         dry_run: bool = False, in_place: bool = False, force: bool = False, include: Sequence[str] = (),
-         exclude: Sequence[str] = (), nonfinite: str = "error", strict: bool = False, across_files: bool = False,
-         recursive: bool = False, memory: int = Budget.memory, threads: int = 0) -> ClipResult:
+         dry_run: bool = False, in_place: bool = False, overwrite: bool = False, include: Sequence[str] = (),
+         exclude: Sequence[str] = (), nonfinite: str = "error", strict: bool = False, drop_nonnumeric: bool = False,
+         across_files: bool = False, recursive: bool = False, memory: int = Budget.memory,
+         threads: int = 0) -> ClipResult:
     """``tclip clip``: clip one file or set with ``mode`` (:class:`NormClip`, :class:`GlobalNormClip`,
     :class:`ValueClip`, :class:`AverageNormClip`) and write the result (``output``, else
-    ``NAME.clipped.EXT`` beside it or in ``out_dir``); ``force`` replaces an existing output."""
+    ``NAME.clipped.EXT`` beside it or in ``out_dir``). The options are the command's flags, but
+    ``overwrite`` is ``--force`` (the name the library's messages use)."""
     from .work.clip import clip_file
     from .work.options import ClipOptions
     from .work.sets import clip_set
@@ -252,9 +254,10 @@ def clip(path: PathLike, mode: Mode, *, output: PathLike | None = None, out_dir:
     if not isinstance(mode, (NormClip, AverageNormClip, GlobalNormClip, ValueClip)):
         raise TypeError("mode must be NormClip, GlobalNormClip, ValueClip or AverageNormClip")
     options = ClipOptions(output=None if output is None else Path(output),
-                          out_dir=None if out_dir is None else Path(out_dir), in_place=in_place, overwrite=force,
+                          out_dir=None if out_dir is None else Path(out_dir), in_place=in_place, overwrite=overwrite,
                           selection=_selection(include, exclude), nonfinite=nonfinite, strict=strict,
-                          dry_run=dry_run, memory=memory, threads=threads)
+                          dry_run=dry_run, memory=memory, threads=threads,
+                          drop_nonnumeric=drop_nonnumeric)
     _, item = _one(path, across_files, recursive)
     raw = clip_set(item, mode, options) if isinstance(item, TensorSet) else clip_file(item, mode, options)
     return ClipResult.of(raw)
