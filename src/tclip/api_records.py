@@ -17,7 +17,7 @@ PANDAS_MISSING = "to_pandas() needs pandas, which is not installed (pip install 
 
 def _pandas() -> Any:
     try:
-        import pandas
+        import pandas  # type: ignore[import-untyped,unused-ignore]
     except ImportError as error:
         raise ImportError(PANDAS_MISSING) from error
     return pandas
