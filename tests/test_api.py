@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -253,7 +254,8 @@ def test_clip_writes_and_names_what_it_clipped(tmp_path: Path) -> None:
         tclip.clip(path, tclip.NormClip(5.0, axes=1))  # the output exists
     for _ in range(2):  # the second replaces the first
         tclip.clip(path, tclip.GlobalNormClip(1.0), output=tmp_path / "o.safetensors", overwrite=True)
-    assert tclip.report(tmp_path / "o.safetensors").global_norm == pytest.approx(1.0, rel=1e-4)  # (rounded to bfloat16/float32)
+    # (each value rounded to bfloat16/float32)
+    assert tclip.report(tmp_path / "o.safetensors").global_norm == pytest.approx(1.0, rel=1e-4)
 
 
 def test_diff_verdicts_match_the_cli(tmp_path: Path) -> None:
@@ -312,3 +314,39 @@ def test_the_api_imports_no_cli() -> None:
         assert 'torch' not in sys.modules
     """)
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_a_gguf_split_set_opens_as_one_checkpoint(tmp_path: Path) -> None:
+    import gguf
+    import gguf_helpers as gh
+
+    rng = np.random.default_rng(3)
+    folder = tmp_path / "model"
+    folder.mkdir()
+    made = {}
+    for number in range(2):
+        name = f"blk.{number}.ffn_down.weight"
+        raw = gguf.quants.quantize(rng.standard_normal((8, 64)).astype(np.float32), gguf.GGMLQuantizationType.Q8_0)
+        made[name] = raw
+        meta = [("split.no", gh.UINT16, number), ("split.count", gh.UINT16, 2), ("split.tensors.count", gh.INT32, 2)]
+        tensor = gh.Tensor(name, (8, 64), gh.TYPE_IDS["Q8_0"], raw.tobytes())
+        gh.write_gguf(folder / f"m-{number + 1:05d}-of-00002.gguf", gh.GgufSpec(metadata=meta, tensors=[tensor]))
+    for given in (folder, folder / "m-00002-of-00002.gguf"):
+        with tclip.open(given) as ck:
+            assert ck.names == sorted(made)
+            for name, raw in made.items():
+                assert np.array_equal(ck[name], gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q8_0))
+
+
+def test_a_dcp_folder_opens_as_torch_saved_it(tmp_path: Path) -> None:
+    import dcp_helpers
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    subprocess.run([sys.executable, str(dcp_helpers.HERE), str(tmp_path), "single"], check=True, env=env,
+                   timeout=600, capture_output=True)
+    folder, arrays, meta = dcp_helpers.expected(tmp_path, "single")
+    with tclip.open(folder) as ck:
+        assert set(ck) == set(meta["tensors"])
+        for name in ck:
+            assert ck[name].tobytes() == arrays[name].tobytes(), name
+            assert list(ck.info(name).shape) == meta["tensors"][name]["shape"]
