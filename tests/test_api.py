@@ -129,6 +129,8 @@ def test_gguf_quantized_weights_equal_gguf_py_dequantize(tmp_path: Path) -> None
             raw = ck.stored(name)
             assert raw.dtype == np.uint8 and np.array_equal(raw, np.asarray(stored[name].data).reshape(-1))
             assert name in ck.stored_names
+            counted = {t.name: t.norm for t in tclip.report(path).tensors}[name]  # report counts these values
+            assert counted == pytest.approx(float(np.linalg.norm(got.astype(np.float64))), rel=1e-12)
             norm = np.asarray(ck["blk.0.attn_norm.weight"])
             assert np.array_equal(norm, np.asarray(stored["blk.0.attn_norm.weight"].data))
 
