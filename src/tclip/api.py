@@ -20,7 +20,7 @@ from .api_records import ClipResult, DiffResult, Report, Summary, TensorInfo
 from .core.modes import AverageNormClip, GlobalNormClip, Mode, NormClip, ValueClip
 from .errors import TclipError
 from .formats.base import TensorReader
-from .formats.quant_encoding import logical_view, stored_reader
+from .quant.view import logical_view, stored_reader
 from .formats.sharded import SetReader, TensorSet, is_index, resolve
 from .work.budget import Budget
 from .work.inputs import diff_input, expand_files
@@ -175,7 +175,7 @@ def open(path: PathLike, *, across_files: bool = False, recursive: bool = False)
     """Open a checkpoint read-only: a file, a folder, a glob, an index, a GGUF split set or a
     DCP folder (with ``across_files``, several loose files as one set). Nothing is read but
     headers until a tensor is asked for."""
-    from .formats.quant_encoding import open_logical
+    from .quant.view import open_logical
 
     name, item = _one(path, across_files, recursive)
     if isinstance(item, TensorSet):
