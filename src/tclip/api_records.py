@@ -87,7 +87,7 @@ class TensorRecord:
         return item
 
     def to_json(self) -> dict[str, Any]:
-        return json_safe(self.to_record())  # type: ignore[no-any-return]
+        return json_safe(self.to_record())
 
 
 def _records(tensors: list[TensorRecord]) -> list[dict[str, Any]]:
@@ -133,7 +133,7 @@ class Report:
 
     def to_json(self) -> dict[str, Any]:
         """The command line's ``--json`` object for this report (with ``verdict`` under a gate)."""
-        return self.raw.to_json()  # type: ignore[no-any-return]
+        return self.raw.to_json()
 
 
 @dataclass
@@ -189,7 +189,7 @@ class ClipResult:
         return _pandas().DataFrame(self.to_records())
 
     def to_json(self) -> dict[str, Any]:
-        return self.raw.to_json()  # type: ignore[no-any-return]
+        return self.raw.to_json()
 
 
 @dataclass(frozen=True)
@@ -213,7 +213,7 @@ class DiffRecord:
         return asdict(self)
 
     def to_json(self) -> dict[str, Any]:
-        return json_safe(asdict(self))  # type: ignore[no-any-return]
+        return json_safe(asdict(self))
 
 
 @dataclass
@@ -240,7 +240,7 @@ class DiffResult:
         return _pandas().DataFrame(self.to_records())
 
     def to_json(self) -> dict[str, Any]:
-        return self.raw.to_json()  # type: ignore[no-any-return]
+        return self.raw.to_json()
 
     @classmethod
     def of(cls, report: Any) -> "DiffResult":
