@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 import ml_dtypes
 import numpy as np
 
-from ..errors import FormatError, NoTensorsError, UnsupportedError
+from ...errors import FormatError, NoTensorsError, UnsupportedError
 
 __all__ = [
     "ACCEPTED_GLOBALS",
@@ -313,7 +313,7 @@ class PickleLimits:
         max_depth: nesting of containers in the result.
         flatten_factor: the walk over the result may visit at most
             ``flatten_factor * len(pickle) + 1_000_000`` nodes and path entries (less
-            when the names ``--memory`` allows need less: :mod:`._torch_archive`), so
+            when the names ``--memory`` allows need less: :mod:`.archive`), so
             shared sub-trees cannot multiply the work.
     """
 

@@ -9,7 +9,7 @@ The zip format (torch >= 1.6, the default)::
     <archive>/.data/serialization_id, .format_version, .storage_alignment (recent torch)
 
 ``<archive>`` is the name of the file when it was saved; torch takes it from the
-first member. The pickle is interpreted by :mod:`._torch_pickle`, which builds
+first member. The pickle is interpreted by :mod:`.unpickler`, which builds
 records and calls nothing. Each storage's bytes are located from the zip's central
 directory and the member's own local header (never decompressed, never read
 here), and every view is checked to lie inside its storage.
@@ -36,9 +36,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..errors import FormatError, UnsupportedError
-from ._torch_pickle import PickleLimits, TensorRef, _dtype_text, flatten, kind_of, load_torch_pickle
-from .limits import NAME_BYTES, name_memory
+from ...errors import FormatError, UnsupportedError
+from .unpickler import PickleLimits, TensorRef, _dtype_text, flatten, kind_of, load_torch_pickle
+from ..limits import NAME_BYTES, name_memory
 
 __all__ = [
     "LEGACY_MAGIC",
@@ -106,7 +106,7 @@ class TorchArchive:
         prefix: the archive's folder name inside the zip (``""`` for legacy files).
         byteorder: ``"little"`` or ``"big"`` (the dtypes carry it too).
         version: the archive's ``version`` record, if any.
-        root: the unpickled tree (see :func:`._torch_pickle.load_torch_pickle`).
+        root: the unpickled tree (see :func:`.unpickler.load_torch_pickle`).
         tensors: flattened name -> view, in the order of the saved object.
         storages: key -> location of its bytes, for every storage the pickle refers to.
         others: the leaves that are not tensors, in order.
