@@ -35,3 +35,20 @@ def test_the_packages_are_the_formats_the_registry_holds():
     assert hdf5.Reader is hdf5.Hdf5Reader and hdf5.Writer is hdf5.Hdf5Writer
     assert hdf5.SUFFIXES == child.HDF5_SUFFIXES == (".h5", ".hdf5")
     assert torch.Reader.__module__ == "tclip.formats.torch.reader"
+
+
+def test_no_module_of_the_format_packages_is_over_700_lines_nor_a_function_over_80():
+    import ast
+
+    import tclip.formats
+
+    root = Path(tclip.formats.__file__).parent
+    long_modules, long_functions = [], []
+    for path in sorted([*(root / "hdf5").glob("*.py"), *(root / "torch").glob("*.py")]):
+        text = path.read_text()
+        if len(text.splitlines()) > 700:
+            long_modules.append(path.name)
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 80:
+                long_functions.append(f"{path.parent.name}/{path.name}:{node.name}")
+    assert (long_modules, long_functions) == ([], [])

@@ -37,8 +37,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ...errors import FormatError, UnsupportedError
-from .unpickler import PickleLimits, TensorRef, _dtype_text, flatten, kind_of, load_torch_pickle
 from ..limits import NAME_BYTES, name_memory
+from .pickled import PickleLimits, TensorRef, _dtype_text, flatten, kind_of
+from .unpickler import load_torch_pickle
 
 __all__ = [
     "LEGACY_MAGIC",
@@ -201,7 +202,18 @@ def load_torch_archive(path: str | os.PathLike[str], *, limits: PickleLimits | N
                       path)
 
 
-def _load_zip(path: Path, handle: Any, limits: PickleLimits, root_name: str) -> TorchArchive:
+class _Members(NamedTuple):
+    """A torch.save zip's directory: its members in order and by name, and their folder."""
+
+    archive: zipfile.ZipFile
+    infos: list[zipfile.ZipInfo]
+    by_name: dict[str, zipfile.ZipInfo]
+    prefix: str
+
+
+def _open_zip(path: Path, handle: Any) -> _Members:
+    """The zip's members, refused unless it is a torch.save archive (one folder, a data.pkl,
+    no member twice, no TorchScript code)."""
     try:
         archive = zipfile.ZipFile(handle)
     except _ZIP_ERRORS as error:
@@ -228,6 +240,12 @@ def _load_zip(path: Path, handle: Any, limits: PickleLimits, root_name: str) -> 
     pickle_name = f"{prefix}/data.pkl"
     if pickle_name not in by_name:
         raise FormatError(f"not a torch.save archive: no member {pickle_name!r}", path)
+    return _Members(archive, infos, by_name, prefix)
+
+
+def _load_zip(path: Path, handle: Any, limits: PickleLimits, root_name: str) -> TorchArchive:
+    archive, infos, by_name, prefix = _open_zip(path, handle)
+    pickle_name = f"{prefix}/data.pkl"
     file_size = os.fstat(handle.fileno()).st_size
     end_of_data = min(getattr(archive, "start_dir", file_size), file_size)
     # torch.save with set_crc32_options(False) writes CRC 0 for every member and torch.load

@@ -49,7 +49,7 @@ from ..base import OtherObject, SharedElements, TensorInfo, TensorReader, read_r
 
 if TYPE_CHECKING:  # imported where used: the pickle machine and zipfile cost 10 ms of every command's start-up
     from .archive import NonTensor, StorageInfo, TorchArchive
-    from .unpickler import TensorRef
+    from .pickled import TensorRef
 
 NAME = "pytorch"
 SUFFIXES = (".pt", ".pth", ".bin")
@@ -566,7 +566,7 @@ def _other(leaf: NonTensor) -> OtherObject:
 
 
 def _value_text(value: Any) -> str:
-    from .unpickler import TorchValue
+    from .pickled import TorchValue
 
     if isinstance(value, TorchValue):
         return f"torch.{value.text}" if value.kind == "dtype" else value.text

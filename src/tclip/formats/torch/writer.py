@@ -28,7 +28,7 @@ from ..base import TensorInfo, TensorReader, TensorWriter
 from .reader import _CHUNK, _LOCAL_HEADER, NAME, TorchReader, View, _pieces, _strided
 
 if TYPE_CHECKING:
-    from .unpickler import TensorRef
+    from .pickled import TensorRef
 
 
 class _Member(NamedTuple):
