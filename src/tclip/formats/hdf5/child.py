@@ -23,7 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-HDF5_SUFFIXES = (".h5", ".hdf5")  # formats/hdf5.py's SUFFIXES take these
+HDF5_SUFFIXES = (".h5", ".hdf5")  # the package's SUFFIXES (__init__.py) take these
 # The libraries the child imports, told to it by location (see child_command).
 _LIBRARIES = ("numpy", "h5py", "ml_dtypes", "hdf5plugin")
 _SPARES: dict[tuple[str, ...], tuple[subprocess.Popen[bytes], tuple[int, ...]]] = {}

@@ -294,7 +294,7 @@ class PickleLimits:
 
 @dataclass
 class PickleResult:
-    """What :func:`load_torch_pickle` returns.
+    """What :func:`.unpickler.load_torch_pickle` returns.
 
     Attributes:
         root: the unpickled value: dicts (:class:`OrderedDictValue` for OrderedDicts),
@@ -380,7 +380,7 @@ def flatten(root: Any, *, budget: int, max_depth: int = 100, where: str = "data.
     walk is iterative and bounded.
 
     Args:
-        root: a tree from :func:`load_torch_pickle`.
+        root: a tree from :func:`.unpickler.load_torch_pickle`.
         budget: the most nodes plus path entries the walk may visit; a tree that shares
             sub-trees (legal in a pickle: the memo) could otherwise expand exponentially.
         max_depth: deepest nesting accepted.
