@@ -61,13 +61,19 @@ def test_norm_clip_refuses_axes_that_are_not_integers_when_made():
         NormClip(2.0, axes=[0.5])
 
 
-def test_report_file_parses_its_axes_before_reading_anything(tmp_path):
+@pytest.mark.parametrize("entry", ["tclip.report", "report_file"])
+def test_report_parses_its_axes_before_reading_anything(tmp_path, entry):
     # only an integer tensor: no tensor reaches the rank check, so the axes are checked where given
     path = tmp_path / "steps.npz"
     np.savez(path, step=np.array([7], np.int64))
     import tclip
+    from tclip.work.clip import report_file
 
+    if entry == "tclip.report":
+        def report(path, axes):  # as a set (across files): report_set's path, not report_file's
+            return tclip.report(path, axes=axes, across_files=True)
+    else:
+        report = report_file
     with pytest.raises(TypeError, match="axes: expected integers, got 'x'"):
-        tclip.report_file(path, axes=["x"])
-    report = tclip.report_file(path, axes=np.array([1]))
-    assert report.to_json()["params"]["axes"] == [1]
+        report(path, axes=["x"])
+    assert report(path, axes=np.array([1])).to_json()["params"]["axes"] == [1]

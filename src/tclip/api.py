@@ -18,6 +18,7 @@ import numpy as np
 
 from .api_records import ClipResult, DiffResult, Report, Summary, TensorInfo
 from .core.modes import AverageNormClip, GlobalNormClip, Mode, NormClip, ValueClip
+from .core.stats import AxesLike, parse_axes
 from .errors import TclipError
 from .formats.base import TensorReader
 from .quant.view import logical_view, stored_reader
@@ -188,13 +189,13 @@ def open(path: PathLike, *, across_files: bool = False, recursive: bool = False)
 # --------------------------------------------------------------------------- report, summary
 
 
-def _report(name: str, item: TensorSet | Path, *, max_norm: float | None, axes: int | Sequence[int] | None,
+def _report(name: str, item: TensorSet | Path, *, max_norm: float | None, axes: AxesLike,
             ord: str, selection: Selection, stats: bool, memory: int, threads: int) -> Report:
     from .work.clip import report_file
     from .work.gate import apply_gate
     from .work.sets import report_set
 
-    axes_tuple = None if axes is None else ((axes,) if isinstance(axes, int) else tuple(axes))
+    axes_tuple = parse_axes(axes)  # (checked once, here: a set's tensors may never reach the rank check)
     if isinstance(item, TensorSet):
         raw = report_set(item, selection, ord, axes_tuple, stats, Budget(memory, threads), max_norm=max_norm)
         where: object = item.name
@@ -207,7 +208,7 @@ def _report(name: str, item: TensorSet | Path, *, max_norm: float | None, axes: 
     return Report.of(raw)
 
 
-def report(path: PathLike, *, max_norm: float | None = None, axes: int | Sequence[int] | None = None,
+def report(path: PathLike, *, max_norm: float | None = None, axes: AxesLike = None,
            ord: str = "2", include: Sequence[str] = (), exclude: Sequence[str] = (), stats: bool = False,
            across_files: bool = False, recursive: bool = False, memory: int = Budget.memory,
            threads: int = 0) -> Report:

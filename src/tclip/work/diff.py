@@ -454,7 +454,7 @@ def _compare_bytes(reader_a: TensorReader, reader_b: TensorReader, entry: "Tenso
     itemsize = 0 if info.dtype.hasobject else info.dtype.itemsize
     differing, total_a, total_b = 0, 0, 0
     pending_a, pending_b = b"", b""
-    with closing(chunks_a), closing(chunks_b):  # type: ignore[type-var]
+    with closing(chunks_a), closing(chunks_b):
         for part_a, part_b in zip_longest(chunks_a, chunks_b, fillvalue=b""):
             total_a, total_b = total_a + len(part_a), total_b + len(part_b)
             pending_a, pending_b = pending_a + part_a, pending_b + part_b
