@@ -30,18 +30,25 @@ enum { KIND_F64 = 0, KIND_F32 = 1, KIND_BF16 = 2, KIND_F16 = 3 };
 
 static double f16_value[65536];   /* every float16 as a float64 (Inf and NaN included) */
 
-/* Each kind's loops are written out by the macro below, so that the compiler sees one
- * element type per loop (and can keep the eight accumulators in vector registers). */
-static inline double load_f64(const unsigned char *p, Py_ssize_t i) { double v; memcpy(&v, p + 8 * i, 8); return v; }
-static inline double load_f32(const unsigned char *p, Py_ssize_t i) { float v; memcpy(&v, p + 4 * i, 4); return (double)v; }
-static inline double load_bf16(const unsigned char *p, Py_ssize_t i)
+/* Each element's square in float64, exactly (the squares of float16, bfloat16 and float32
+ * values are exact in float64), from its stored bits. The kinds' loops are written out by
+ * the macros below, so that the compiler sees one element type per loop. */
+static inline double square_f64(const unsigned char *p, Py_ssize_t i)
+{
+    double v; memcpy(&v, p + 8 * i, 8); return v * v;
+}
+static inline double square_f32(const unsigned char *p, Py_ssize_t i)
+{
+    float v; memcpy(&v, p + 4 * i, 4); double d = v; return d * d;
+}
+static inline double square_bf16(const unsigned char *p, Py_ssize_t i)
 {
     uint16_t b; memcpy(&b, p + 2 * i, 2);
-    uint32_t w = (uint32_t)b << 16; float v; memcpy(&v, &w, 4); return (double)v;
+    uint32_t w = (uint32_t)b << 16; float v; memcpy(&v, &w, 4); double d = v; return d * d;
 }
-static inline double load_f16(const unsigned char *p, Py_ssize_t i)
+static inline double square_f16(const unsigned char *p, Py_ssize_t i)
 {
-    uint16_t b; memcpy(&b, p + 2 * i, 2); return f16_value[b];
+    uint16_t b; memcpy(&b, p + 2 * i, 2); double v = f16_value[b]; return v * v;
 }
 
 /* The extremes are kept as ordered keys: a pattern with the sign bit set has its other
@@ -52,59 +59,275 @@ static inline double load_f16(const unsigned char *p, Py_ssize_t i)
 
 typedef struct { int64_t lo, hi; } Keys;
 
+/* The smallest and largest key of a[0 .. n) folded into k (a loop on integer lanes). */
+#define EXTREMES(a, n, k, WIDTH, STYPE, BITS)                                                \
+    do {                                                                                     \
+        STYPE lo_ = (STYPE)(k)->lo, hi_ = (STYPE)(k)->hi;                                    \
+        for (Py_ssize_t i_ = 0; i_ < (n); i_++) {                                            \
+            STYPE b_; memcpy(&b_, (a) + i_ * (WIDTH), (WIDTH));                              \
+            STYPE key_ = ORDERED(b_, STYPE, BITS);                                           \
+            lo_ = key_ < lo_ ? key_ : lo_; hi_ = key_ > hi_ ? key_ : hi_;                    \
+        }                                                                                    \
+        (k)->lo = lo_; (k)->hi = hi_;                                                        \
+    } while (0)
+
+/* How the sum is cut. np.add.reduce sums a[0 .. n) pairwise: a block of at most 128
+ * terms (a leaf) is summed by eight accumulators (term i into accumulator i % 8, the last
+ * n % 8 terms added one by one after the eight are summed as a tree); a longer one is
+ * split in two at n / 2 rounded down to a multiple of 8, and the two halves' sums added.
+ * The loops keep that order exactly.
+ * DIRECT sums one leaf at a time, the extremes in a loop of their own before it.
+ * SIDE_BY_SIDE (float16 and bfloat16 in the AVX2 and AVX-512 copies, below) sums the two,
+ * four or eight leaves of a node side by side: each leaf's eight accumulators are its own,
+ * so four leaves are 32 independent sums, where one leaf's eight had to wait on the
+ * latency of each other's additions (which bounded the direct loop at eight terms per
+ * addition's latency, whatever the width of the type; float32 already takes that long to
+ * widen). Eight terms are widened, squared and added at a time, into accumulators that
+ * start at +0 (+0 plus a square, never -0, is that square). The extremes of up to
+ * EXTREMES_AT_ONCE terms (8 KiB of 16-bit values) are found first, in one loop: the data
+ * is still in the L1 cache for the sum, and the loop's setup and final reduction are paid
+ * once for them all. */
+enum { LEAF = 128, EXTREMES_AT_ONCE = 4096 };
+
+/* Where np.add.reduce splits n terms (n > 128): the first part's length. */
+static inline Py_ssize_t half(Py_ssize_t n) { return n / 2 - (n / 2) % 8; }
+
 /* NAME_squares: np.add.reduce's pairwise summation of the squares of a[0 .. n), and the
  * smallest and largest key of a[0 .. n) folded into k. One pass over the stored bytes. */
-#define KERNELS(NAME, LOAD, WIDTH, STYPE, BITS, ATTR)                                     \
-ATTR static double NAME##_leaf(const unsigned char *a, Py_ssize_t n, Keys *k)           \
-{                                                                                        \
-    STYPE lo = (STYPE)k->lo, hi = (STYPE)k->hi;                                          \
-    double v, res;                                                                       \
-    for (Py_ssize_t i = 0; i < n; i++) {                                                 \
-        STYPE s; memcpy(&s, a + i * WIDTH, WIDTH);                                       \
-        STYPE key = ORDERED(s, STYPE, BITS);                                             \
-        lo = key < lo ? key : lo; hi = key > hi ? key : hi;                              \
-    }                                                                                    \
-    k->lo = lo; k->hi = hi;                                                              \
-    if (n < 8) {                                                                         \
-        res = -0.0;                                                                      \
-        for (Py_ssize_t i = 0; i < n; i++) { v = load_##LOAD(a, i); res += v * v; }      \
-        return res;                                                                      \
-    }                                                                                    \
-    double r[8];                                                                         \
-    Py_ssize_t i;                                                                        \
-    for (int j = 0; j < 8; j++) { v = load_##LOAD(a, j); r[j] = v * v; }                 \
-    for (i = 8; i < n - (n % 8); i += 8)                                                 \
-        for (int j = 0; j < 8; j++) { v = load_##LOAD(a, i + j); r[j] += v * v; }        \
-    res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));             \
-    for (; i < n; i++) { v = load_##LOAD(a, i); res += v * v; }                          \
-    return res;                                                                          \
-}                                                                                        \
-ATTR static double NAME##_squares(const unsigned char *a, Py_ssize_t n, Keys *k)        \
-{                                                                                        \
-    if (n <= 128) return NAME##_leaf(a, n, k);                                           \
-    Py_ssize_t n2 = n / 2;                                                               \
-    n2 -= n2 % 8;                                                                        \
-    double first = NAME##_squares(a, n2, k);                                             \
-    return first + NAME##_squares(a + n2 * WIDTH, n - n2, k);                            \
+#define DIRECT(NAME, KIND, WIDTH, STYPE, BITS, ATTR)                                         \
+ATTR static double NAME##_leaf(const unsigned char *a, Py_ssize_t n, Keys *k)               \
+{                                                                                            \
+    EXTREMES(a, n, k, WIDTH, STYPE, BITS);                                                   \
+    double res;                                                                              \
+    if (n < 8) {                                                                             \
+        res = -0.0;                                                                          \
+        for (Py_ssize_t i = 0; i < n; i++) res += square_##KIND(a, i);                       \
+        return res;                                                                          \
+    }                                                                                        \
+    double r[8];                                                                             \
+    Py_ssize_t i;                                                                            \
+    for (int j = 0; j < 8; j++) r[j] = square_##KIND(a, j);                                  \
+    for (i = 8; i < n - (n % 8); i += 8)                                                     \
+        for (int j = 0; j < 8; j++) r[j] += square_##KIND(a, i + j);                         \
+    res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));                 \
+    for (; i < n; i++) res += square_##KIND(a, i);                                           \
+    return res;                                                                              \
+}                                                                                            \
+ATTR static double NAME##_squares(const unsigned char *a, Py_ssize_t n, Keys *k)            \
+{                                                                                            \
+    if (n <= LEAF) return NAME##_leaf(a, n, k);                                              \
+    Py_ssize_t n2 = half(n);                                                                 \
+    double first = NAME##_squares(a, n2, k);                                                 \
+    return first + NAME##_squares(a + n2 * WIDTH, n - n2, k);                                \
 }
 
-KERNELS(f64, f64, 8, int64_t, 64, )
-KERNELS(f32, f32, 4, int32_t, 32, )
-KERNELS(bf16, bf16, 2, int16_t, 16, )
-KERNELS(f16, f16, 2, int16_t, 16, )
+DIRECT(f64, f64, 8, int64_t, 64, )
+DIRECT(f32, f32, 4, int32_t, 32, )
+DIRECT(bf16, bf16, 2, int16_t, 16, )
+DIRECT(f16, f16, 2, int16_t, 16, )
 
 typedef double (*Squares)(const unsigned char *, Py_ssize_t, Keys *);
 static Squares squares_of[] = {f64_squares, f32_squares, bf16_squares, f16_squares};
 
 /* The same loops compiled for AVX2 as well, chosen at import where the CPU has it (four
  * float32 widened per instruction: 0.75 -> 0.51 ns an element for float32 measured).
- * Same operations in the same order: only the instructions differ. */
+ * Same operations in the same order: only the instructions differ. The 16-bit kinds are
+ * summed SIDE_BY_SIDE there, eight values at a time written with intrinsics: bfloat16
+ * shifted into float32 and widened, float16 widened by F16C's conversion, eight to float32
+ * in one instruction, exactly (subnormals included, whatever the FPU's flush-to-zero
+ * setting: the instruction ignores it), then squared in float32, exactly too (11
+ * significant bits squared are 22, and the smallest square, 2**-48, is a normal float32),
+ * where the baseline copy's table of 65,536 values is one scalar load each. Measured, one
+ * core, in cache: bfloat16 0.55 -> 0.33, float16 0.51 -> 0.30 ns an element. The AVX2
+ * copies are used where the CPU has AVX2, F16C and FMA (every one with AVX2 has both). */
 #if defined(__GNUC__) && !defined(__clang__) && (defined(__x86_64__) || defined(__i386__))
 #define HAVE_AVX2_COPY 1
-KERNELS(f64_avx2, f64, 8, int64_t, 64, __attribute__((target("avx2"))))
-KERNELS(f32_avx2, f32, 4, int32_t, 32, __attribute__((target("avx2"))))
-KERNELS(bf16_avx2, bf16, 2, int16_t, 16, __attribute__((target("avx2"))))
-KERNELS(f16_avx2, f16, 2, int16_t, 16, __attribute__((target("avx2"))))
+#include <immintrin.h>
+#define AVX2 __attribute__((target("avx2")))
+#define AVX2_FMA_F16C __attribute__((target("avx2,fma,f16c")))
+#define LOAD8_16(p) _mm_loadu_si128((const __m128i *)(const void *)(p))
+
+/* Four and eight float64 lanes (GCC's vectors: each lane added on its own, in IEEE double,
+ * as the plain C would be). */
+typedef double V4 __attribute__((vector_size(32)));
+typedef double V8 __attribute__((vector_size(64)));
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+#define V4_ADD(a, b) ((a) + (b))
+#define V4_LANE(a, j) ((a)[j])
+
+/* FETCH_NEXT: while the terms a[0 .. n) of a chunk of EXTREMES_AT_ONCE are summed (from the
+ * L1 cache, where the loop over the chunk's extremes brought them), the same stretch of the
+ * next chunk is asked for, a cache line at a time. The loop over the extremes is the only
+ * one that reads from memory, and the hardware prefetcher follows only the loads that are
+ * made: without this, memory waited while the sums were computed and the sums while memory
+ * was read (out of cache 0.47-0.51 -> 0.34-0.37 ns an element measured, one core). A
+ * prefetch past the end of the data is harmless (it never faults). */
+#define FETCH_NEXT(a, n)                                                                     \
+    for (Py_ssize_t f_ = 0; f_ < 2 * (n); f_ += 64) __builtin_prefetch((a) + 2 * EXTREMES_AT_ONCE + f_)
+
+/* NAME_leaves: the sums of the squares of K leaves of a (K = 1, 2 or 4, and 8 for AVX-512;
+ * each of 8 terms or more) into sums, each in np.add.reduce's order (accumulator j in lane j of low, or lane
+ * j - 4 of high), the K side by side as far as the shortest goes.
+ * Compiled once per copy (AVX2, AVX-512): inlining must stay within one target. */
+#define LEAVES(NAME, KIND, ADD, ATTR)                                                                 \
+ATTR ALWAYS_INLINE void NAME##_leaves(const unsigned char *a, const Py_ssize_t *off,                  \
+                                      const Py_ssize_t *len, double *sums, const int K)               \
+{                                                                                                     \
+    V4 low[4], high[4];                                                                               \
+    const unsigned char *t[4];                                                                        \
+    Py_ssize_t whole[4], common = PY_SSIZE_T_MAX;                                                     \
+    for (int q = 0; q < K; q++) {                                                                     \
+        t[q] = a + 2 * off[q];                                                                        \
+        whole[q] = len[q] - len[q] % 8;                                                               \
+        common = whole[q] < common ? whole[q] : common;                                               \
+        low[q] = high[q] = (V4){0.0, 0.0, 0.0, 0.0};  /* 0 + a square is that square */              \
+    }                                                                                                 \
+    Py_ssize_t i;                                                                                     \
+    for (i = 0; i < common; i += 8)                                                                   \
+        for (int q = 0; q < K; q++) ADD(low[q], high[q], t[q] + 2 * i);                               \
+    for (int q = 0; q < K; q++) {                                                                     \
+        Py_ssize_t c;                                                                                 \
+        for (c = i; c < whole[q]; c += 8) ADD(low[q], high[q], t[q] + 2 * c);                         \
+        double res = ((V4_LANE(low[q], 0) + V4_LANE(low[q], 1)) + (V4_LANE(low[q], 2) + V4_LANE(low[q], 3))) \
+                     + ((V4_LANE(high[q], 0) + V4_LANE(high[q], 1)) + (V4_LANE(high[q], 2) + V4_LANE(high[q], 3))); \
+        for (c = whole[q]; c < len[q]; c++) res += square_##KIND(t[q], c);                            \
+        sums[q] = res;                                                                                \
+    }                                                                                                 \
+}
+
+/* NAME_sum: np.add.reduce's sum of the squares of a[0 .. n), by NAME_leaves (with EIGHT,
+ * the eight leaves of a node of up to 1,024 terms side by side too: the AVX-512 copy has
+ * registers for them); NAME_squares: as DIRECT's. */
+#define SIDE_BY_SIDE(NAME, KIND, EIGHT, ATTR)                                                         \
+ATTR static double NAME##_sum(const unsigned char *a, Py_ssize_t n)                                   \
+{                                                                                                     \
+    double sums[8];                                                                                   \
+    if (n <= LEAF) {                                                                                  \
+        if (n < 8) {                                                                                  \
+            double res = -0.0;                                                                        \
+            for (Py_ssize_t i = 0; i < n; i++) res += square_##KIND(a, i);                            \
+            return res;                                                                               \
+        }                                                                                             \
+        FETCH_NEXT(a, n);                                                                             \
+        const Py_ssize_t off[1] = {0}, len[1] = {n};                                                  \
+        NAME##_leaves(a, off, len, sums, 1);                                                          \
+        return sums[0];                                                                               \
+    }                                                                                                 \
+    const Py_ssize_t n2 = half(n), n3 = n - n2;                                                       \
+    if (n2 <= LEAF && n3 <= LEAF) {                                                                   \
+        FETCH_NEXT(a, n);                                                                             \
+        const Py_ssize_t off[2] = {0, n2}, len[2] = {n2, n3};                                         \
+        NAME##_leaves(a, off, len, sums, 2);                                                          \
+        return sums[0] + sums[1];                                                                     \
+    }                                                                                                 \
+    const Py_ssize_t n4 = half(n2), n5 = half(n3);                                                    \
+    if (n2 > LEAF && n3 > LEAF && n2 - n4 <= LEAF && n3 - n5 <= LEAF) {                               \
+        FETCH_NEXT(a, n);                                                                             \
+        const Py_ssize_t off[4] = {0, n4, n2, n2 + n5}, len[4] = {n4, n2 - n4, n5, n3 - n5};          \
+        NAME##_leaves(a, off, len, sums, 4);                                                          \
+        return (sums[0] + sums[1]) + (sums[2] + sums[3]);                                             \
+    }                                                                                                 \
+    if (EIGHT && n2 > LEAF && n3 > LEAF) {                                                            \
+        const Py_ssize_t q[4] = {n4, n2 - n4, n5, n3 - n5};                                           \
+        Py_ssize_t off[8], len[8], at = 0;                                                            \
+        int eight = 1;                                                                                \
+        for (int j = 0; j < 4; j++) {                                                                 \
+            const Py_ssize_t h = half(q[j]);                                                          \
+            eight = eight && q[j] > LEAF && q[j] - h <= LEAF;                                         \
+            off[2 * j] = at; len[2 * j] = h; off[2 * j + 1] = at + h; len[2 * j + 1] = q[j] - h;      \
+            at += q[j];                                                                               \
+        }                                                                                             \
+        if (eight) {                                                                                  \
+            FETCH_NEXT(a, n);                                                                         \
+            NAME##_leaves(a, off, len, sums, EIGHT ? 8 : 1);                                          \
+            return ((sums[0] + sums[1]) + (sums[2] + sums[3])) + ((sums[4] + sums[5]) + (sums[6] + sums[7])); \
+        }                                                                                             \
+    }                                                                                                 \
+    const double first = NAME##_sum(a, n2);                                                           \
+    return first + NAME##_sum(a + 2 * n2, n3);                                                        \
+}                                                                                                     \
+ATTR static double NAME##_squares(const unsigned char *a, Py_ssize_t n, Keys *k)                     \
+{                                                                                                     \
+    if (n <= EXTREMES_AT_ONCE) {                                                                      \
+        EXTREMES(a, n, k, 2, int16_t, 16);                                                            \
+        return NAME##_sum(a, n);                                                                      \
+    }                                                                                                 \
+    const Py_ssize_t n2 = half(n);                                                                    \
+    const double first = NAME##_squares(a, n2, k);                                                    \
+    return first + NAME##_squares(a + 2 * n2, n - n2, k);                                             \
+}
+
+/* bfloat16: each square added by a fused multiply-add, which rounds a * a + r once where
+ * the plain code rounds a * a and then the sum: the same result, as a * a (16 significant
+ * bits) is exact in float64. Two instructions fewer for eight values. */
+#define ADD8_BF16_AVX2(low, high, p)                                                         \
+    do {                                                                                     \
+        const __m256 v_ = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(LOAD8_16(p)), 16)); \
+        const __m256d a_ = _mm256_cvtps_pd(_mm256_castps256_ps128(v_));                      \
+        const __m256d b_ = _mm256_cvtps_pd(_mm256_extractf128_ps(v_, 1));                    \
+        (low) = (V4)_mm256_fmadd_pd(a_, a_, (__m256d)(low));                                 \
+        (high) = (V4)_mm256_fmadd_pd(b_, b_, (__m256d)(high));                               \
+    } while (0)
+#define ADD8_F16C(low, high, p)                                                              \
+    do {                                                                                     \
+        const __m256 v_ = _mm256_cvtph_ps(LOAD8_16(p));                                      \
+        const __m256 q_ = _mm256_mul_ps(v_, v_);                                             \
+        (low) = V4_ADD((low), (V4)_mm256_cvtps_pd(_mm256_castps256_ps128(q_)));              \
+        (high) = V4_ADD((high), (V4)_mm256_cvtps_pd(_mm256_extractf128_ps(q_, 1)));          \
+    } while (0)
+DIRECT(f64_avx2, f64, 8, int64_t, 64, AVX2)
+DIRECT(f32_avx2, f32, 4, int32_t, 32, AVX2)
+LEAVES(bf16_avx2, bf16, ADD8_BF16_AVX2, AVX2_FMA_F16C)
+SIDE_BY_SIDE(bf16_avx2, bf16, 0, AVX2_FMA_F16C)
+LEAVES(f16_avx2, f16, ADD8_F16C, AVX2_FMA_F16C)
+SIDE_BY_SIDE(f16_avx2, f16, 0, AVX2_FMA_F16C)
+
+/* The 16-bit statistics once more for AVX-512 (where the CPU and the OS have it): one leaf's
+ * eight accumulators are one register of eight float64, and eight values are widened by
+ * one conversion to it (AVX2 needs two, and a third instruction to split the eight in two
+ * halves: the shuffle unit that all three use is what bounds the AVX2 loop). The same
+ * additions in the same order. Measured, one core, against the AVX2 copy: in cache bfloat16
+ * 0.32 -> 0.23, float16 0.30 -> 0.24 ns an element; out of cache 0.36 -> 0.32, 0.33 -> 0.30. */
+#define AVX512 __attribute__((target("avx2,fma,f16c,avx512f")))
+#define ADD8_BF16_AVX512(r, p)                                                               \
+    do {                                                                                     \
+        const __m256 v_ = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(LOAD8_16(p)), 16)); \
+        const __m512d d_ = _mm512_cvtps_pd(v_);                                              \
+        (r) = (V8)_mm512_fmadd_pd(d_, d_, (__m512d)(r));                                     \
+    } while (0)
+#define ADD8_F16_AVX512(r, p)                                                                \
+    do {                                                                                     \
+        const __m256 v_ = _mm256_cvtph_ps(LOAD8_16(p));                                      \
+        (r) = (r) + (V8)_mm512_cvtps_pd(_mm256_mul_ps(v_, v_));                              \
+    } while (0)
+#define LEAVES_AVX512(NAME, KIND, ADD, ATTR)                                                          \
+ATTR ALWAYS_INLINE void NAME##_leaves(const unsigned char *a, const Py_ssize_t *off,                  \
+                                      const Py_ssize_t *len, double *sums, const int K)               \
+{                                                                                                     \
+    V8 r[8];                                                                                          \
+    const unsigned char *t[8];                                                                        \
+    Py_ssize_t whole[8], common = PY_SSIZE_T_MAX;                                                     \
+    for (int q = 0; q < K; q++) {                                                                     \
+        t[q] = a + 2 * off[q];                                                                        \
+        whole[q] = len[q] - len[q] % 8;                                                               \
+        common = whole[q] < common ? whole[q] : common;                                               \
+        r[q] = (V8){0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};                                          \
+    }                                                                                                 \
+    Py_ssize_t i;                                                                                     \
+    for (i = 0; i < common; i += 8)                                                                   \
+        for (int q = 0; q < K; q++) ADD(r[q], t[q] + 2 * i);                                          \
+    for (int q = 0; q < K; q++) {                                                                     \
+        Py_ssize_t c;                                                                                 \
+        for (c = i; c < whole[q]; c += 8) ADD(r[q], t[q] + 2 * c);                                    \
+        double res = ((r[q][0] + r[q][1]) + (r[q][2] + r[q][3])) + ((r[q][4] + r[q][5]) + (r[q][6] + r[q][7])); \
+        for (c = whole[q]; c < len[q]; c++) res += square_##KIND(t[q], c);                            \
+        sums[q] = res;                                                                                \
+    }                                                                                                 \
+}
+LEAVES_AVX512(bf16_avx512, bf16, ADD8_BF16_AVX512, AVX512)
+SIDE_BY_SIDE(bf16_avx512, bf16, 1, AVX512)
+LEAVES_AVX512(f16_avx512, f16, ADD8_F16_AVX512, AVX512)
+SIDE_BY_SIDE(f16_avx512, f16, 1, AVX512)
 #endif
 static const int bits_of[] = {64, 32, 16, 16};
 
@@ -412,30 +635,36 @@ static PyObject *scale_f32(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* The AVX2 copies where asked for and the CPU has them, else the baseline ones; returns 1
- * when the AVX2 copies are now in use. */
-static int use_avx2(int wanted)
+/* The copies of the loops: 0 the baseline ones, 1 the AVX2 ones, 2 the AVX2 ones with the
+ * AVX-512 ones for the 16-bit statistics; the highest at most `wanted` that the CPU has.
+ * Returns the level now in use. */
+static int use_copies(int wanted)
 {
     static const Squares baseline[] = {f64_squares, f32_squares, bf16_squares, f16_squares};
-    int on = 0;
+    memcpy(squares_of, baseline, sizeof baseline);
+    scale_f32_loop = scale_f32_baseline;
+    scale16_loop = scale16_baseline;
+    int level = 0;
 #ifdef HAVE_AVX2_COPY
     __builtin_cpu_init();
-    on = wanted && __builtin_cpu_supports("avx2");
-    if (on) {
+    if (wanted >= 1 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")
+            && __builtin_cpu_supports("fma")) {
         squares_of[KIND_F64] = f64_avx2_squares;
         squares_of[KIND_F32] = f32_avx2_squares;
         squares_of[KIND_BF16] = bf16_avx2_squares;
         squares_of[KIND_F16] = f16_avx2_squares;
         scale_f32_loop = scale_f32_avx2;
         scale16_loop = scale16_avx2;
-        return 1;
+        level = 1;
+        if (wanted >= 2 && __builtin_cpu_supports("avx512f")) {  /* checks that the OS saves the registers */
+            squares_of[KIND_BF16] = bf16_avx512_squares;
+            squares_of[KIND_F16] = f16_avx512_squares;
+            level = 2;
+        }
     }
 #endif
     (void)wanted;
-    memcpy(squares_of, baseline, sizeof baseline);
-    scale_f32_loop = scale_f32_baseline;
-    scale16_loop = scale16_baseline;
-    return on;
+    return level;
 }
 
 static PyObject *set_avx2(PyObject *self, PyObject *args)
@@ -443,7 +672,15 @@ static PyObject *set_avx2(PyObject *self, PyObject *args)
     (void)self;
     int wanted;
     if (!PyArg_ParseTuple(args, "p", &wanted)) return NULL;
-    return PyBool_FromLong(use_avx2(wanted));
+    return PyBool_FromLong(use_copies(wanted ? 2 : 0) > 0);
+}
+
+static PyObject *set_copies(PyObject *self, PyObject *args)
+{
+    (void)self;
+    int wanted;
+    if (!PyArg_ParseTuple(args, "i", &wanted)) return NULL;
+    return PyLong_FromLong(use_copies(wanted));
 }
 
 static PyMethodDef methods[] = {
@@ -462,8 +699,12 @@ static PyMethodDef methods[] = {
      "ml_dtypes round, in place. Rows with Inf or NaN are left as they are and their indices\n"
      "written to `left`; -1 (nothing done) where the FPU flushes subnormals."},
     {"set_avx2", set_avx2, METH_VARARGS,
-     "set_avx2(wanted) -> bool: use the AVX2 copies of the loops (where the CPU has AVX2) or the\n"
-     "baseline ones; returns whether the AVX2 copies are in use. For the tests: both give the same bits."},
+     "set_avx2(wanted) -> bool: use the AVX2 copies of the loops (where the CPU has AVX2, F16C\n"
+     "and FMA; with the AVX-512 ones where it has that too) or the baseline ones; returns whether\n"
+     "the AVX2 copies are in use. For the tests: all give the same bits."},
+    {"set_copies", set_copies, METH_VARARGS,
+     "set_copies(level) -> level in use: 0 the baseline loops, 1 the AVX2 ones, 2 the AVX2 ones\n"
+     "and the AVX-512 ones for the 16-bit statistics; the highest at most `level` the CPU has."},
     {"unit_stats", unit_stats, METH_VARARGS,
      "unit_stats(data, kind, chunk) -> (sum_of_squares, smallest, largest)\n\n"
      "data: a unit's stored bytes, C-contiguous; kind: 0 float64, 1 float32, 2 bfloat16,\n"
@@ -484,6 +725,6 @@ PyMODINIT_FUNC PyInit__fused(void)
         else magnitude = ldexp((double)(mantissa | 1024), (int)exponent - 25);
         f16_value[b] = sign ? -magnitude : magnitude;
     }
-    use_avx2(1);
+    use_copies(2);
     return PyModule_Create(&module);
 }

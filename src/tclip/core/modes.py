@@ -76,13 +76,15 @@ def global_norm_scale(global_norm: float, clip_norm: float) -> float:
 
     TensorFlow computes ``c * min(1/g, 1/c)``, which for a negative ``use_norm``
     is ``c / g``; that case is kept for compatibility. TensorFlow's result for
-    ``g <= c`` can be one ulp below 1; ours is exactly 1, so nothing changes.
+    ``g <= c`` can be one ulp below 1; ours is exactly 1, so nothing changes:
+    ``c = inf`` with ``g = inf`` (float64 squares that overflow, ``[3e200, 1.0]``)
+    gives 1 where TensorFlow gives NaN; a NaN ``g`` still gives NaN.
     """
     g = float(global_norm)
+    if math.isinf(clip_norm) and not math.isnan(g):
+        return 1.0
     if not math.isfinite(g):
         return math.nan
-    if math.isinf(clip_norm):
-        return 1.0
     if g < 0:
         return clip_norm / g
     return clip_norm / max(g, clip_norm)

@@ -216,7 +216,8 @@ def clip_by_global_norm(
 
     Differences from TensorFlow: mixed dtypes are allowed; a global norm below
     ``clip_norm`` leaves every tensor bit-identical (TensorFlow's factor
-    ``c * min(1/g, 1/c)`` can round to one ulp below 1).
+    ``c * min(1/g, 1/c)`` can round to one ulp below 1), and so does
+    ``clip_norm = inf`` with an infinite global norm (TensorFlow: NaN).
 
     Example:
         >>> clipped, g = clip_by_global_norm([np.array([3.0]), np.array([4.0])], 1.0)

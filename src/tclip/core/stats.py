@@ -216,7 +216,8 @@ class TensorStats:
         """Sum of squares over the whole tensor, whatever ``axes`` is."""
         if self.axes is None:
             return self._total.value
-        return float(np.sum(self.sum_of_squares))
+        with np.errstate(over="ignore"):  # rows each below float64's largest may sum past it: inf
+            return float(np.sum(self.sum_of_squares))
 
     @property
     def norm(self) -> float:

@@ -28,6 +28,7 @@ pickle): a request or reply is ``<u4 header length><u4 payload length>``, the he
 from __future__ import annotations
 
 import json
+import math
 import os
 import select
 import signal
@@ -46,6 +47,14 @@ from ..errors import FormatError, TclipError, UnsupportedError
 # long, plus a second per 16 MiB of file (chunk indexes and object headers grow with it).
 WALK_SECONDS = 8
 WALK_BYTES_PER_SECOND = 16 << 20
+# A walking child says it is making progress (:func:`beat`) at least every BEAT_SECONDS while
+# tclip's walk goes from object to object; after its first word, one that says nothing for
+# STALL_SECONDS (plus a second per 16 MiB of file) is stuck in the library (a malformed heap
+# can make HDF5 loop forever) and is refused then, not after WALK_SECONDS. A walk that keeps
+# making progress may take up to WALK_MAX_SECONDS (files with a great many objects).
+STALL_SECONDS = 3
+BEAT_SECONDS = 0.5
+WALK_MAX_SECONDS = 600
 # A request (a block read or written) may take this long, plus a second per 8 MiB.
 REQUEST_SECONDS = 30
 REQUEST_BYTES_PER_SECOND = 8 << 20
@@ -57,6 +66,30 @@ _FRAME = struct.Struct("<II")
 def isolated() -> bool:
     """Whether the HDF5 library's work runs in a child (the default) or in this process."""
     return os.environ.get("TCLIP_HDF5_PROBE", "1") != "0"
+
+
+_beat_sink: list[Any] = []  # in a walking child: the stream progress goes to, and when it last went
+
+
+def beat() -> None:
+    """Say that the walk is making progress: a frame to the parent, at most every BEAT_SECONDS
+    (in a walking child; nothing anywhere else)."""
+    if _beat_sink:
+        now = time.monotonic()
+        if now - _beat_sink[1] >= BEAT_SECONDS:
+            _beat_sink[1] = now
+            send_frame(_beat_sink[0], PROGRESS)
+
+
+def beats_to(stream: Any | None) -> None:
+    """Send :func:`beat`'s frames to ``stream`` from now on (one at once); None: stop."""
+    _beat_sink.clear()
+    if stream is not None:
+        _beat_sink.extend([stream, -math.inf])
+        beat()
+
+
+PROGRESS = {"progress": True}
 
 
 class ChildGone(Exception):
@@ -115,9 +148,12 @@ class Child:
         # A reader dropped without close(): the child ends when its input closes.
         weakref.finalize(self, _end, self.process)
         os.set_blocking(self._in, False)
+        self._stall: float | None = None  # while the walk makes progress: how long it may say nothing
         try:
             self._limit = seconds
-            self.first = self._reply(time.monotonic() + seconds, "reading the file's structure")
+            start = time.monotonic()
+            self.first = self._reply(start + seconds, "reading the file's structure",
+                                     stall=(stall_seconds(file), start + WALK_MAX_SECONDS) if mode == "read" else None)
         except BaseException:
             self.kill()
             raise
@@ -129,7 +165,7 @@ class Child:
         limit = REQUEST_SECONDS + max(nbytes, len(payload)) / REQUEST_BYTES_PER_SECOND
         deadline = time.monotonic() + limit
         with self._lock:
-            self._limit = limit
+            self._limit, self._stall = limit, None
             if self.process is None:
                 raise FormatError(f"the process that reads the file has ended; {what} is not possible", self.path)
             text = json.dumps(header).encode("utf-8")
@@ -205,11 +241,21 @@ class Child:
             missing -= len(chunk)
         return b"".join(parts)
 
-    def _reply(self, deadline: float, what: str) -> tuple[dict[str, Any], bytes]:
+    def _reply(self, deadline: float, what: str,
+               stall: tuple[float, float] | None = None) -> tuple[dict[str, Any], bytes]:
+        """The next reply; with ``stall`` (seconds, end), progress frames move the deadline to
+        that many seconds later, never past ``end``."""
         try:
-            length, size = _FRAME.unpack(self._read(_FRAME.size, deadline))
-            header = json.loads(self._read(length, deadline).decode("utf-8"))
-            payload = self._read(size, deadline) if size else b""
+            while True:
+                length, size = _FRAME.unpack(self._read(_FRAME.size, deadline))
+                header = json.loads(self._read(length, deadline).decode("utf-8"))
+                payload = self._read(size, deadline) if size else b""
+                if stall is None or header != PROGRESS or payload:
+                    break
+                seconds, end = stall
+                deadline = min(time.monotonic() + seconds, end)
+                # which limit a silence would hit: the stall, or the walk's whole time
+                self._stall, self._limit = (seconds if deadline < end else None), WALK_MAX_SECONDS
             self._busy = False
         except ChildGone as gone:
             raise self._failure(gone.what, what) from None
@@ -225,6 +271,9 @@ class Child:
         process = self.process
         if how == "timeout" or process is None:
             self.kill()
+            if self._stall is not None:
+                return FormatError(f"{what}: the HDF5 library made no progress for {self._stall:.0f} s in a "
+                                   "separate process; refused as malformed", self.path)
             return FormatError(f"{what} took the HDF5 library more than {self._limit:.0f} s in a separate "
                                "process; refused as malformed", self.path)
         try:
@@ -253,6 +302,14 @@ def _end(process: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+def stall_seconds(path: Path) -> float:
+    try:
+        size = os.stat(path).st_size
+    except OSError:
+        size = 0
+    return STALL_SECONDS + size / WALK_BYTES_PER_SECOND
 
 
 def walk_seconds(path: Path) -> float:

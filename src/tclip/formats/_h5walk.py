@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ._h5probe import EXIT_OUT_OF_MEMORY, PROBE_MEMORY_BYTES, encode_values, read_frame, send_frame
+from ._h5probe import EXIT_OUT_OF_MEMORY, PROBE_MEMORY_BYTES, beats_to, encode_values, read_frame, send_frame
 
 
 def _error_reply(error: BaseException) -> dict[str, Any]:
@@ -36,16 +36,20 @@ def _serve_reader(path: str, out: Any, requests: Any) -> int:
     import numpy as np
 
     from ..errors import TclipError
-    from .hdf5 import _H5_ERRORS, Hdf5Reader
+    from .hdf5 import _H5_ERRORS, Hdf5Reader, import_h5py
 
+    import_h5py()  # (its time is the first reply's, not a stall)
+    beats_to(out)  # the walk says it makes progress: a library stuck in a loop is told apart
     try:
         reader = Hdf5Reader(Path(path), isolated=False)
     except (TclipError, *_H5_ERRORS) as error:
+        beats_to(None)
         send_frame(out, _error_reply(error))
         return 0
     try:
         description, table = reader.describe()
         serving = reader.needs_library()
+        beats_to(None)
         send_frame(out, {"description": description, "serving": serving}, table)
         while True:
             frame = read_frame(requests)

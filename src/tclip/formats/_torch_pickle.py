@@ -89,6 +89,11 @@ _OTHER_TORCH_DTYPES = frozenset({
     "int1", "int2", "int3", "int4", "int5", "int6", "int7",
 })
 
+# Of those, the ones whose elements have a known size (torch's itemsize): a tensor of one is
+# carried byte for byte as data tclip cannot read (TensorInfo.unreadable_type), never refused.
+_OPAQUE_TORCH_DTYPES = {"complex32": 4, "chalf": 4, "float4_e2m1fn_x2": 1, "bits8": 1, "bits16": 2,
+                        "bits1x8": 1, "bits2x4": 1, "bits4x2": 1}
+
 # The legacy typed-storage classes: each names its element dtype. torch maps any
 # global whose name contains "Storage" to these (from module torch, or torch.cuda in
 # files from torch < 1.0).
@@ -152,6 +157,8 @@ class TensorRef:
         parameter: the value was an ``nn.Parameter``.
         conj, neg: torch's lazy conjugate / negative bits: the tensor's values are the
             stored ones conjugated / negated.
+        unreadable: the torch dtype (``complex32``) of a tensor tclip cannot read as
+            numbers; ``dtype`` is then raw bytes of its element size. None: readable.
     """
 
     storage: StorageRef
@@ -163,6 +170,7 @@ class TensorRef:
     parameter: bool = False
     conj: bool = False
     neg: bool = False
+    unreadable: str | None = None
 
     @property
     def size(self) -> int:
@@ -1079,10 +1087,13 @@ class _Interpreter:
                 if flag not in ("conj", "neg") or not isinstance(value, bool):
                     raise self.refused(f"{func.name} with tensor metadata {flag!r}")
             conj, neg = bool(metadata.get("conj", False)), bool(metadata.get("neg", False))
+        unreadable = None
         if dtype_name is None:
             dtype = storage.dtype
         elif dtype_name in TORCH_DTYPES:
             dtype = _numpy_dtype(dtype_name, self.byteorder)
+        elif dtype_name in _OPAQUE_TORCH_DTYPES:
+            dtype, unreadable = np.dtype((np.void, _OPAQUE_TORCH_DTYPES[dtype_name])), dtype_name
         else:
             raise self.refused(f"holds a tensor of dtype torch.{dtype_name}, which tclip cannot read")
         size = math.prod(shape)
@@ -1090,7 +1101,7 @@ class _Interpreter:
             raise self.malformed(f"{func.name}: size {list(shape)} is impossibly large")
         if size:
             stride = _settled(shape, stride)
-        return TensorRef(storage, dtype, offset, shape, stride, requires_grad, False, conj, neg)
+        return TensorRef(storage, dtype, offset, shape, stride, requires_grad, False, conj, neg, unreadable)
 
     def _dims(self, func: _Global, what: str, value: Any) -> tuple[int, ...]:
         if not isinstance(value, tuple | list):
@@ -1119,7 +1130,7 @@ class _Interpreter:
         if not (isinstance(hooks, dict) and not hooks):
             raise self.refused(f"{func.name} with backward hooks")
         return TensorRef(data.storage, data.dtype, data.offset, data.shape, data.stride,
-                         requires_grad, True, data.conj, data.neg)
+                         requires_grad, True, data.conj, data.neg, data.unreadable)
 
     def plain_state(self, what: str, state: Any) -> None:
         """Refuse state that is not plain attribute data (tensors, records, markers).

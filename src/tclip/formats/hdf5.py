@@ -24,6 +24,7 @@ dataset of fill values) is refused before anything is read.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import math
@@ -41,7 +42,8 @@ from ..core.dtypes import ML_FLOAT_TYPES
 from ..core.units import Index, flat_rectangles
 from ..errors import FormatError, UnsupportedError
 from ._blocks import contiguous_span, normalize_index
-from ._h5probe import Child, decode_values, walk_seconds
+from ._h5probe import Child, beat, decode_values, walk_seconds
+from ._h5mask import MaskedFile
 from ._h5probe import isolated as isolated_by_default
 from ._io import copy_except, copy_range, flat_result, pread_into, pwrite_all
 from .atomic import AtomicOutput
@@ -227,6 +229,7 @@ def attributes(obj: h5py.HLObject) -> dict[str, Any]:
     except _H5_ERRORS:
         return {"<attributes>": "<unreadable>"}
     for key in names:
+        beat()
         out[key] = _attribute(obj, key)
     return out
 
@@ -264,7 +267,8 @@ class Hdf5Reader(TensorReader):
 
     format_name = "hdf5"
 
-    def __init__(self, path: Path, isolated: bool | None = None) -> None:
+    def __init__(self, path: Path, isolated: bool | None = None,
+                 masked: list[tuple[int, int]] | None = None) -> None:
         super().__init__(path)
         self.file: h5py.File | None = None
         self._child: Child | None = None
@@ -278,6 +282,7 @@ class Hdf5Reader(TensorReader):
         self.chunk_shapes: dict[str, tuple[int, ...]] = {}  # every chunked tensor's chunk shape
         self.group_attributes: dict[str, dict[str, Any]] = {}  # groups (not the root) that have attributes
         self._spans: list[tuple[int, int, str]] = []  # (start, end, what) of every region of the file named
+        self._data_spans: dict[str, list[tuple[int, int]]] = {}  # what -> the regions of its raw data
         self._chunk_table: dict[str, list[tuple[tuple[int, ...], int, int]]] = {}  # (corner, offset, size)
         self.lossy: dict[str, str] = {}  # tensor -> the lossy filter its chunks pass
         if isolated is None:
@@ -286,16 +291,21 @@ class Hdf5Reader(TensorReader):
             self._open_in_child()
             return
         h5py = import_h5py()
+        self._masked_file = None if masked is None else MaskedFile(path, masked)
         try:
-            self.file = h5py.File(path, "r")
+            self.file = h5py.File(path if self._masked_file is None else self._masked_file, "r")
         except _H5_ERRORS as error:
+            self.close()
             raise FormatError(f"not a valid HDF5 file ({_first_line(error)})", path) from None
         try:
+            self._base = self.file.userblock_size
             self.metadata = attributes(self.file)
             self._note_header(self.file, "the root group")
-            self._walk(self.file, set())
+            self._walk(self.file, {self.file["/"].id})  # a link back to the root is a legal cycle
             self._mark_optimizer_state()
             self._check_overlaps()
+            if masked is None:
+                self._check_data_apart()
         except (FormatError, UnsupportedError):
             self.close()
             raise
@@ -313,6 +323,7 @@ class Hdf5Reader(TensorReader):
         each object once; soft and external links are not followed."""
         h5py = import_h5py()
         for key in group:
+            beat()
             if not isinstance(group.get(key, getlink=True), h5py.HardLink):
                 continue
             obj = group[key]
@@ -401,7 +412,9 @@ class Hdf5Reader(TensorReader):
     def _note_header(self, obj: h5py.HLObject, label: str) -> None:
         h5py = import_h5py()
         try:
-            address = h5py.h5o.get_info(obj.id).addr
+            # (HDF5 addresses count from the superblock, after any user block; data offsets
+            # and the spans noted here count from the file's start)
+            address = h5py.h5o.get_info(obj.id).addr + self._base
         except _H5_ERRORS:
             return
         # The fixed start of an object header (16 bytes in version 1; a version 2
@@ -420,13 +433,23 @@ class Hdf5Reader(TensorReader):
                 offset, size = dataset.id.get_offset(), dataset.id.get_storage_size()
                 if offset is not None and size:
                     self._spans.append((offset, offset + size, label))
+                    self._data_spans.setdefault(label, []).append((offset, offset + size))
             elif layout == h5py.h5d.CHUNKED and hasattr(dataset.id, "chunk_iter"):
                 chunks: list[tuple[tuple[int, ...], int, int]] = []
+                # A damaged index can list chunks without end (a B-tree with a cycle): no more
+                # than the dataset can hold are noted (reading it reports the problem).
+                most = math.prod(-(-n // c) for n, c in zip(dataset.shape, dataset.chunks))
 
-                def note(chunk: Any) -> None:
+                def note(chunk: Any) -> int | None:
+                    beat()
+                    if len(chunks) >= most:
+                        return 1  # stops the iteration
                     chunks.append((tuple(chunk.chunk_offset), chunk.byte_offset, chunk.size))
                     if chunk.size:
                         self._spans.append((chunk.byte_offset, chunk.byte_offset + chunk.size, label))
+                        self._data_spans.setdefault(label, []).append((chunk.byte_offset,
+                                                                       chunk.byte_offset + chunk.size))
+                    return None
 
                 dataset.id.chunk_iter(note)
                 return chunks
@@ -459,6 +482,46 @@ class Hdf5Reader(TensorReader):
             if reach is None or span[1] > reach[1]:
                 reach = span
 
+    def _check_data_apart(self) -> None:
+        """Refuse a file that keeps a dataset's data inside its own structure (object headers,
+        B-trees, heaps): a rewrite of that data would overwrite the structure. Such a file walks
+        differently once its data regions read as other bytes (:mod:`._h5mask`); the dataset
+        named is found by halving the set of masked datasets."""
+        if not self._data_spans:
+            return
+        expected = self._fingerprint()
+        suspects = list(self._data_spans)
+        if self._masked_fingerprint(suspects) == expected:
+            return
+        while len(suspects) > 1:
+            half = suspects[:len(suspects) // 2]
+            if self._masked_fingerprint(half) != expected:
+                suspects = half
+            elif self._masked_fingerprint(suspects[len(half):]) != expected:
+                suspects = suspects[len(half):]
+            else:  # only some datasets together: name none
+                break
+        what = f"the data of {suspects[0]}" if len(suspects) == 1 else "the data of its datasets"
+        raise FormatError(f"{what} lies inside the file's own structure (object headers, B-trees or heaps); "
+                          "refused as malformed", self.path)
+
+    def _fingerprint(self) -> str:
+        description, table = self.describe()
+        digest = hashlib.sha256(json.dumps(description, sort_keys=True, default=str).encode("utf-8"))
+        digest.update(table)
+        return digest.hexdigest()
+
+    def _masked_fingerprint(self, labels: list[str]) -> str | None:
+        spans = [span for label in labels for span in self._data_spans[label]]
+        try:
+            masked = Hdf5Reader(self.path, isolated=False, masked=spans)
+        except Exception:  # noqa: BLE001 - whatever the masked walk raises, it saw another file
+            return None
+        try:
+            return masked._fingerprint()
+        finally:
+            masked.close()
+
     def _bomb(self, dataset: h5py.Dataset) -> str | None:
         logical = math.prod(dataset.shape) * dataset.dtype.itemsize
         stored = dataset.id.get_storage_size()
@@ -481,7 +544,9 @@ class Hdf5Reader(TensorReader):
         of the raw-chunked tensors (int64 rows: corner..., offset, size)."""
         tables: list[int] = []
         for name in self.raw_chunks:
-            for corner, offset, size in self._chunk_table.get(name, ()):
+            for i, (corner, offset, size) in enumerate(self._chunk_table.get(name, ())):
+                if not i & 0xFFFF:
+                    beat()
                 tables += (*corner, offset, size)
         description = {
             # every field the walk sets: a field left out here is lost for every file read in a child
@@ -614,6 +679,15 @@ class Hdf5Reader(TensorReader):
                 return None
 
     def close(self) -> None:
+        masked = getattr(self, "_masked_file", None)
+        if masked is not None:
+            self._masked_file = None
+            self._close_file()
+            masked.close()
+            return
+        self._close_file()
+
+    def _close_file(self) -> None:
         if getattr(self, "_raw_fd", -1) >= 0:
             os.close(self._raw_fd)
             self._raw_fd = -1

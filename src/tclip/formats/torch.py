@@ -221,7 +221,12 @@ class TorchReader(TensorReader):
                 ref = view.ref
                 # (no attrs: strides, offsets and storage keys are layout, which diff must not
                 # report as differences between two saves of the same tensors)
-                self.tensors[name] = TensorInfo(name, ref.shape, ref.dtype)
+                if ref.unreadable is None:
+                    self.tensors[name] = TensorInfo(name, ref.shape, ref.dtype)
+                else:  # carried as bytes, never measured
+                    self.tensors[name] = TensorInfo(name, ref.shape, ref.dtype, numeric=False,
+                                                    dtype_label=f"torch.{ref.unreadable} (not supported)",
+                                                    unreadable_type=True)
             self.others = [_other(leaf) for leaf in self.archive.others]
             self._values = {leaf.name: leaf.value for leaf in self.archive.others}
             for prefix in _optimizer_prefixes(self.archive.others):

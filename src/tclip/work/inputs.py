@@ -17,6 +17,7 @@ from typing import Any
 
 from ..errors import NoTensorsError, TclipError
 from ..formats import torch as pytorch
+from ..formats.dcp import METADATA_NAME, is_dcp_folder
 from ..formats.registry import claimed_by_content, content_suffixes, detect_format, kept_endings, open_reader, suffixes
 from ..formats.sharded import INDEX_SUFFIX, load_index
 from ..messages import Option
@@ -51,17 +52,19 @@ def output_for(path: Path, options: ClipOptions) -> Path:
 
 def check_outputs(outputs: dict[Path, Path], inputs: list[Path]) -> None:
     """Refuse, before anything is written, an output (``outputs`` maps each input to its
-    output) that is one of ``inputs`` -- the same file by device and inode, through
-    symlinks and hard links -- or that two inputs share. ``--force`` replaces old
-    outputs, never an input nor another input's output, so it changes nothing here.
+    output) that is one of ``inputs`` -- the same file by device and inode, named by the
+    input's own directory entry or through a symlink -- or that two inputs share. Another
+    hard link of an input may be an output: the rename replaces that name only, and the
+    input's name keeps the old file. ``--force`` replaces old outputs, never an input nor
+    another input's output, so it changes nothing here.
     """
-    identities: dict[tuple[int, int], Path] = {}
+    identities: dict[tuple[int, int], list[Path]] = {}
     for path in inputs:
         try:
             st = os.stat(path)
         except OSError:
             continue  # reported when it is read
-        identities.setdefault((st.st_dev, st.st_ino), Path(path))
+        identities.setdefault((st.st_dev, st.st_ino), []).append(Path(path))
     claimed: dict[str, Path] = {}
     for source, out in outputs.items():
         try:
@@ -69,7 +72,8 @@ def check_outputs(outputs: dict[Path, Path], inputs: list[Path]) -> None:
         except OSError:
             pass
         else:
-            replaced = identities.get((st.st_dev, st.st_ino))
+            replaced = next((path for path in identities.get((st.st_dev, st.st_ino), ())
+                             if _replaces(Path(out), path)), None)
             if replaced is not None:
                 raise TclipError((f"the output {out} would replace the input {replaced}; nothing was written (",
                                   Option.IN_PLACE, " replaces inputs)"), source)
@@ -77,6 +81,18 @@ def check_outputs(outputs: dict[Path, Path], inputs: list[Path]) -> None:
         if first != source and not _same_file(first, source):
             raise TclipError(f"{first} and {source} would both be written to this file; nothing was written "
                              "(clip them into separate folders)", out)
+
+
+def _replaces(out: Path, path: Path) -> bool:
+    """Whether renaming a file to ``out`` (the same file as input ``path``) replaces the input:
+    ``out`` is a symlink, or the directory entry of ``path`` or of the file it links to. (Names
+    are compared without case: on a case-insensitive file system ``G.npz`` is ``g.npz``.)"""
+    if os.path.islink(out):
+        return True
+    for entry in (path, Path(os.path.realpath(path))):
+        if out.name.casefold() == entry.name.casefold() and _same_file(out.parent, entry.parent):
+            return True
+    return False
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -161,11 +177,15 @@ def expand_files(items: tuple[str, ...], recursive: bool, notes: list[tuple[str,
 
 def _folder_files(folder: Path, recursive: bool, notes: list[tuple[str, Note]] | None,
                   found: Found | None) -> list[tuple[str, Path]]:
+    if is_dcp_folder(folder):  # a DCP checkpoint: its .metadata stands for the folder
+        return [(str(folder), folder / METADATA_NAME)]
     indexes = folder_indexes(folder, notes)
     if indexes:
         return [(str(index), index) for index in indexes]
     listed = sorted(folder.rglob("*") if recursive else folder.iterdir(), key=lambda p: _natural(str(p)))
-    files = _holding_tensors([p for p in listed if p.is_file() and is_tensor_file(p)], notes)
+    # a DCP folder inside (checkpoint/step-100/) counts as one file: its .metadata
+    files = _holding_tensors([p / METADATA_NAME if p.is_dir() else p for p in listed
+                              if p.is_dir() and is_dcp_folder(p) or p.is_file() and is_tensor_file(p)], notes)
     weights = folder / SAFETENSORS_SINGLE
     if found is not None and weights in files:
         found.weights[weights] = folder
@@ -234,6 +254,8 @@ def diff_input(item: str, notes: list[tuple[str, Note]] | None = None) -> str:
     path = Path(item)
     if not os.path.isdir(path):
         return item
+    if is_dcp_folder(path):
+        return str(path / METADATA_NAME)
     indexes = folder_indexes(path, notes)
     if len(indexes) == 1:
         return str(indexes[0])
