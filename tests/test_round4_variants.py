@@ -66,3 +66,47 @@ def test_more_names_than_memory_holds_are_refused_by_the_pickle_reader(tmp_path,
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"Error: {path}: "), lines
     assert "--memory" in lines[0] and "internal error" not in lines[0]
+
+
+# --------------------------------------------------------------------------- item 15: norms past float64's range
+
+
+OVERFLOWING = {  # finite float64 values whose squares sum past 1.8e308: a norm of 3e200, 1.4e300
+    "model.layers.17.self_attn.k_proj.weight": np.array([[3e200, 1.0], [2.0, 3.0]]),
+    "model.norm.weight": np.array([1e300, 1e300]),
+}
+
+
+def overflowing(tmp_path: Path) -> Path:
+    path = tmp_path / "big.npz"
+    np.savez(path, **OVERFLOWING)
+    return path
+
+
+def test_a_finite_limit_over_a_norm_that_overflows_writes_no_zeros_or_nan(tmp_path):
+    """The norms (3e200, 1.4e300) are below the limits, so README promises the tensors
+    unchanged; the sums of squares overflow to inf and, before, norm and average wrote
+    zeros, global NaN, all with exit 0. Now: one error naming the tensors, nothing written."""
+    path = overflowing(tmp_path)
+    for args in (["norm", "--clip", "1e308"], ["average", "--clip", "1e305"], ["global", "--clip", "1e308"],
+                 ["norm", "--clip", "1e300", "--axes", "1"]):
+        out = tmp_path / "out.npz"
+        result = run(*args, "-o", out, path)
+        assert result.exit_code == 1, (args, result.output)
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"Error: {path}: "), lines
+        assert "model.layers.17.self_attn.k_proj.weight" in lines[0] and "overflow" in lines[0], lines[0]
+        assert not out.exists()
+
+
+def test_an_infinite_limit_or_propagate_still_writes_over_an_overflowing_norm(tmp_path):
+    path = overflowing(tmp_path)
+    out = tmp_path / "inf.npz"
+    result = run("global", "--clip", "inf", "-o", out, path)
+    assert result.exit_code == 0, result.output
+    with np.load(out) as written:
+        for name, values in OVERFLOWING.items():
+            assert written[name].tobytes() == values.tobytes()
+    out = tmp_path / "tf.npz"
+    result = run("norm", "--clip", "1e308", "--nonfinite", "propagate", "-o", out, path)
+    assert result.exit_code == 0, result.output  # TensorFlow's arithmetic, asked for: x * c / inf
