@@ -110,3 +110,37 @@ def test_an_infinite_limit_or_propagate_still_writes_over_an_overflowing_norm(tm
     out = tmp_path / "tf.npz"
     result = run("norm", "--clip", "1e308", "--nonfinite", "propagate", "-o", out, path)
     assert result.exit_code == 0, result.output  # TensorFlow's arithmetic, asked for: x * c / inf
+
+
+# --------------------------------------------------------------------------- item 18: Trainer folders
+
+
+def test_a_sharded_trainer_checkpoint_copies_its_scheduler_and_rng_state(tmp_path):
+    """A Trainer's checkpoint-100/ whose model is sharded (an index): scheduler.pt (a plain
+    dict of numbers, as LambdaLR.state_dict() saves it) and rng_state.pth (a uint8 RNG state)
+    hold no weights, so they are copied into --out-dir for a resumed run; before, both were
+    listed 'weights tclip did not clip' and left out. optimizer.pt still is not copied."""
+    folder = tmp_path / "checkpoint-100"
+    folder.mkdir()
+    shards = {"model-00001-of-00002.safetensors": {"model.layers.0.mlp.down_proj.weight": np.full((4, 4), 2.0,
+                                                                                                 np.float32)},
+              "model-00002-of-00002.safetensors": {"lm_head.weight": np.full((8, 4), 1.0, np.float32)}}
+    from formats_helpers import safetensors_bytes
+    weight_map = {}
+    for name, tensors in shards.items():
+        (folder / name).write_bytes(safetensors_bytes(tensors))
+        weight_map.update({t: name for t in tensors})
+    import json
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    (folder / "config.json").write_text("{}")
+    th.save_arrays(folder / "optimizer.pt", {"state.0.exp_avg": np.ones(4, np.float32)})
+    scheduler = th.text("base_lrs") + b"]G?\x0b\x00\x00\x00\x00\x00\x00a" + th.text("last_epoch") + b"Kd"
+    wrap(folder / "scheduler.pt", b"\x80\x02}(" + scheduler + b"u.", {})
+    th.save_arrays(folder / "rng_state.pth", {"cpu": np.arange(16, dtype=np.uint8)})
+    out = tmp_path / "out"
+    result = run("global", "--clip", "1", "--out-dir", out, folder / "model.safetensors.index.json")
+    assert result.exit_code == 0, result.output
+    copied = sorted(p.name for p in out.iterdir())
+    assert "scheduler.pt" in copied and "rng_state.pth" in copied and "config.json" in copied, copied
+    assert "optimizer.pt" not in copied
+    assert (out / "scheduler.pt").read_bytes() == (folder / "scheduler.pt").read_bytes()
