@@ -144,3 +144,23 @@ def test_a_sharded_trainer_checkpoint_copies_its_scheduler_and_rng_state(tmp_pat
     assert "scheduler.pt" in copied and "rng_state.pth" in copied and "config.json" in copied, copied
     assert "optimizer.pt" not in copied
     assert (out / "scheduler.pt").read_bytes() == (folder / "scheduler.pt").read_bytes()
+
+
+# --------------------------------------------------------------------------- item 2: two runs at once
+
+
+def test_an_output_named_onto_a_file_another_run_rewrites_in_place_is_refused(tmp_path):
+    """An in-place run holds its file's lock; a second run whose -o names that file (--force)
+    replaced it anyway (exit 0), so one of the two results was silently lost."""
+    from tclip.formats.locks import RunLock
+
+    shard = tmp_path / "model-00002-of-00002.npy"
+    np.save(shard, np.ones(4))
+    source = tmp_path / "other.npy"
+    np.save(source, np.full(4, 5.0))
+    before = shard.read_bytes()
+    with RunLock(shard):  # what `tclip ... --in-place` holds while it runs
+        result = run("norm", "--clip", "1", "-o", shard, "--force", source)
+    assert result.exit_code == 1, result.output
+    assert "another tclip run" in result.stderr and str(shard) in result.stderr
+    assert shard.read_bytes() == before

@@ -66,6 +66,10 @@ def clip_file(path: Path | str, mode: Mode, options: ClipOptions | None = None,
     budget = options.budget
     # In place, two runs on one file at once would each replace it; the second is refused.
     lock = RunLock(path) if options.in_place and not options.dry_run and os.path.lexists(path) else Locks()
+    if not options.in_place and not options.dry_run and os.path.lexists(output_for(path, options)):
+        # An output replacing a file that another run rewrites in place would lose one result.
+        lock = Locks()
+        lock.take(RunLock(output_for(path, options), required=False, doing="rewritten"))
     with lock, open_logical(path) as reader:
         entries, _ = select(reader, options.selection, axes)
         warnings = check_selection(entries, list(reader.tensors), mode, options, path)
