@@ -164,3 +164,23 @@ def test_an_output_named_onto_a_file_another_run_rewrites_in_place_is_refused(tm
     assert result.exit_code == 1, result.output
     assert "another tclip run" in result.stderr and str(shard) in result.stderr
     assert shard.read_bytes() == before
+
+
+# --------------------------------------------------------------------------- item 5: negated views
+
+
+def test_a_negated_view_takes_the_same_row_factors_as_its_base(tmp_path):
+    """y and torch._neg_view(y): each row of -y has the norm of y's row, so --axes 1 gives both
+    the same factors; before, this was refused as 'would change them differently (2 factors,
+    one per slice and 2 factors, one per slice)'. The output is y clipped and its negation."""
+    y = np.array([[3.0, 4.0], [0.3, 0.4]], np.float32)
+    path = th.save(tmp_path / "neg.pt", {"0": y.reshape(-1)},
+                   {"y": th.View("0", 0, (2, 2), (2, 1)), "n": th.View("0", 0, (2, 2), (2, 1), neg=True)})
+    out = tmp_path / "out.pt"
+    result = run("norm", "--clip", "1", "--axes", "1", "-o", out, path)
+    assert result.exit_code == 0, result.output
+    from tclip.formats import open_reader
+    with open_reader(out) as reader:
+        written, negated = reader.read("y"), reader.read("n")
+    np.testing.assert_allclose(written, [[0.6, 0.8], [0.3, 0.4]], rtol=1e-6)
+    np.testing.assert_array_equal(negated, -written)
