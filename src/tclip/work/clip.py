@@ -22,7 +22,7 @@ from .inputs import check_outputs, output_for
 from .options import ClipOptions
 from .passes import HeldTensors, Progress
 from .plan import make_plan
-from .policy import check_nonfinite, check_selection
+from .policy import check_nonfinite, check_norm_overflow, check_selection
 from .quantized import check_quantized_plan, quantized_notes
 from .reporting import finish_report, mode_params, report_from_stats, start_report
 from .results import FileReport, InfoReport, InfoTensor, Note, NoteKind, OtherReport
@@ -67,6 +67,10 @@ def clip_file(path: Path | str, mode: Mode, options: ClipOptions | None = None,
     budget = options.budget
     # In place, two runs on one file at once would each replace it; the second is refused.
     lock = RunLock(path) if options.in_place and not options.dry_run and os.path.lexists(path) else Locks()
+    if not options.in_place and not options.dry_run and os.path.lexists(output_for(path, options)):
+        # An output replacing a file that another run rewrites in place would lose one result.
+        lock = Locks()
+        lock.take(RunLock(output_for(path, options), required=False, doing="rewritten"))
     with lock, open_logical(path) as reader:
         entries, _ = select(reader, options.selection, axes)
         warnings = check_selection(entries, list(reader.tensors), mode, options, path)
@@ -94,6 +98,7 @@ def clip_file(path: Path | str, mode: Mode, options: ClipOptions | None = None,
             report.in_place, report.overwrite = options.in_place, options.overwrite
         report.warnings += warnings + quantized_notes([stats])
         check_nonfinite(report, options, path)
+        check_norm_overflow(report, options, path)
         plan = make_plan(mode, [stats])
         if output_format(target or would_write, reader) in (None, reader.format_name):
             check_tied(stats, plan.work[stats.path], mode.name)  # a conversion stores each tensor apart

@@ -20,9 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+from ..core.dtypes import is_floating
 from ..errors import OutputExistsError, TclipError
+from ..formats import torch as pytorch
 from ..formats.atomic import TEMP_SUFFIX, AtomicOutput
 from ..formats.locks import LOCK_SUFFIX
+from ..formats.registry import detect_format, open_reader
 from ..formats.sharded import INDEX_SUFFIX, TensorSet
 from ..messages import Option
 from ..text import natural_key
@@ -142,12 +145,27 @@ def with_plain_files(found: Companions, folder: Path, out_dir: Path) -> Companio
     """``found`` with the files it leaves as weights that hold no tensors tclip reads (a Trainer's
     ``rng_state.pth`` and ``training_args.bin``: pickled Python objects) copied instead: they
     are no weights, and a checkpoint resumed from the output folder needs them."""
-    moved = [name for name, _ in found.left if no_tensors(Path(folder) / name) is not None]
+    moved = [name for name, _ in found.left if _no_weights(Path(folder) / name)]
     if not moved:
         return found
     copies = [*found.copies, *((Path(folder) / n, Path(out_dir) / n) for n in moved)]
     return Companions(sorted(copies, key=lambda pair: natural_key(pair[0].name)),
                       [(name, why) for name, why in found.left if name not in moved])
+
+
+def _no_weights(path: Path) -> bool:
+    """Whether a PyTorch file holds no weights: no tensors tclip reads (pickled Python objects),
+    or no floating-point tensor among those it reads (a scheduler's state_dict of numbers, an
+    RNG state's uint8 tensor)."""
+    if no_tensors(path) is not None:
+        return True
+    try:
+        if detect_format(path) != pytorch.NAME:
+            return False
+        with open_reader(path) as reader:
+            return not any(is_floating(info.dtype) for info in reader.tensors.values())
+    except TclipError:
+        return False
 
 
 def check_copy_targets(found: Companions, overwrite: bool) -> None:

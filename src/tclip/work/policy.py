@@ -3,6 +3,8 @@ set of checks for one file and for a tensor set."""
 
 from __future__ import annotations
 
+import math
+
 from ..core.dtypes import is_floating
 from ..core.modes import Mode
 from ..core.stats import Axes
@@ -72,6 +74,33 @@ def _axes_text(axes: Axes) -> str:
     if axes is None:
         return ""
     return ",".join(str(a) for a in axes)
+
+
+def check_norm_overflow(report: FileReport, options: ClipOptions, where: object) -> None:
+    """Refuse norms that overflow float64 over finite values (``[3e200, 1.0]``), unless the policy
+    is to propagate: their factor would be ``c / inf`` (zeros; NaN for the global norm) while the
+    real norm may lie below the limit, where README promises tensors unchanged. An infinite limit
+    needs no norm (its factor is 1)."""
+    clip = report.params.get("clip")
+    if options.nonfinite != "error" or not isinstance(clip, float | int) or math.isinf(clip):
+        return
+    if report.params.get("use_norm") is not None:
+        return
+    measured = [t for t in report.tensors if t.skipped is None and not t.nonfinite]
+    bad = [t for t in measured
+           if any(v is not None and math.isinf(v) for v in (t.norm, t.max_slice_norm))]
+    if not bad and report.mode == "global":
+        squares = math.fsum((t.counted_norm if t.counted_norm is not None else t.norm or 0.0) ** 2
+                            for t in measured if t.norm is not None and math.isfinite(t.norm))
+        if math.isinf(squares):
+            bad = sorted(measured, key=lambda t: -(t.norm or 0.0))
+    if not bad:
+        return
+    names = name_list([t.name for t in sorted(bad, key=lambda t: natural_key(t.name))][:3], total=len(bad))
+    raise NonFiniteError((f"the L2 norm of {names} overflows float64 (its squares sum past 1.8e308) though "
+                          "its values are finite: tclip cannot tell whether it is above the limit; nothing was "
+                          "written (", Option.PROPAGATE, " applies TensorFlow's arithmetic: a factor of 0, or NaN "
+                          "for the global norm)"), where)
 
 
 def check_nonfinite(report: FileReport, options: ClipOptions, where: object) -> None:

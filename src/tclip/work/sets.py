@@ -60,7 +60,7 @@ from .journal import (
 )
 from .options import ClipOptions
 from .plan import Plan, TensorWork, make_plan
-from .policy import check_nonfinite, check_selection
+from .policy import check_nonfinite, check_norm_overflow, check_selection
 from .quantized import check_quantized_plan, logical_names, quantized_notes, rescales_that_may_miss
 from .reporting import (
     finish_report,
@@ -422,6 +422,7 @@ def _clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_addre
                                                tensor_set.name, "set")
             report.warnings += quantized_notes(stats)
         check_nonfinite(report, options, tensor_set.name)
+        check_norm_overflow(report, options, tensor_set.name)
         if resumed is not None:
             # The finished shards are clipped already: the global norm is the one recorded.
             if isinstance(mode, GlobalNormClip) and mode.use_norm is None:

@@ -11,6 +11,7 @@ import struct
 from typing import Any, Literal
 
 from ...errors import FormatError, UnsupportedError
+from ..limits import name_memory
 from .pickled import ADVICE, PickleLimits, StorageRef, _Global, _HashedTuple, _kind
 
 
@@ -47,6 +48,8 @@ ACCEPTED_OPCODES: tuple[str, ...] = tuple(sorted(set(_OP) - _REFUSED_OPS))
 
 
 _CHECK_EVERY = 4096
+_OBJECT_BYTES = 64  # what a value built costs the process, at least (a small str or tuple)
+_REFERENCE_BYTES = 8  # a stack slot or memo entry referring to a value built earlier
 
 
 _MAX_KEY_NESTING = 8
@@ -161,6 +164,16 @@ class _Machine:
             raise self.refused_limit(f"builds more than {limits.max_objects} objects")
         if len(self.memo) > limits.max_memo:
             raise self.refused_limit(f"builds more than {limits.max_memo} memo entries")
+        # What the pickle makes this process hold counts against --memory as its names do:
+        # a pickle of honest size per name (a million short keys) would otherwise be read
+        # whole, for seconds and hundreds of MB, before its names exceed --memory.
+        held = self.objects * _OBJECT_BYTES + (len(self.stack) + len(self.memo)) * _REFERENCE_BYTES
+        memory = name_memory()
+        if held > memory:
+            raise UnsupportedError(
+                f"{self.where}: the pickle builds {self.objects} objects and holds {len(self.stack)} values and "
+                f"{len(self.memo)} memo entries, more than --memory ({memory / 2**20:.0f} MiB, "
+                f"{_OBJECT_BYTES} bytes an object) holds; raise --memory", self.path)
 
     def refused_limit(self, what: str) -> UnsupportedError:
         return UnsupportedError(f"{self.where}: the pickle {what} (a pickle bomb?); tclip stops here",
