@@ -25,7 +25,7 @@ from tclip.formats import _h5probe as h5probe
 from tclip.formats import atomic, open_reader
 from tclip.pipeline import ClipOptions, clip_file
 from tclip.tensorset import TensorSet, clip_set
-from tclip.work import sets as tensorset
+from tclip.work import clip as tensorset  # where clipping a set runs its tasks
 
 RNG = np.random.default_rng(21)
 

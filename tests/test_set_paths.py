@@ -15,7 +15,7 @@ from tclip.core.modes import GlobalNormClip
 from tclip.errors import TclipError
 from tclip.pipeline import ClipOptions
 from tclip.tensorset import TensorSet, clip_set
-from tclip.work import sets as tensorset
+from tclip.work import clip as tensorset  # where clipping a set runs its tasks
 
 
 def clipped_reference(tmp_path):

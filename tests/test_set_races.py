@@ -20,7 +20,7 @@ from tclip.errors import TclipError
 from tclip.pipeline import ClipOptions
 from tclip.tensorset import TensorSet, clip_set
 from tclip.work import clip as clip_module
-from tclip.work import sets as tensorset
+from tclip.work import clip as tensorset  # where clipping a set runs its tasks
 
 
 def global_norm(files) -> float:
