@@ -397,11 +397,11 @@ def run_report(*, files: tuple[str, ...], recursive: bool, order: str, axes: tup
         return report
 
     with runner.progress(_input_bytes(inputs)) as progress:
-        for name, item in group_sets(inputs, across_files):
-            if item is None:
+        for name, tensor_set in group_sets(inputs, across_files):
+            if tensor_set is None:
                 runner.error(name, f"{name}: no tensor files match")
                 continue
-            report = runner.attempt(name, lambda i=item: measure(i, progress))
+            report = runner.attempt(name, lambda s=tensor_set: measure(s, progress))
             if report is None:
                 continue
             if summary:

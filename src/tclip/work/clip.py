@@ -18,6 +18,7 @@ import numpy as np
 
 from ..core.modes import GlobalNormClip, Mode, NormClip, ValueClip, value_bounds
 from ..errors import OutputExistsError, TclipError
+from ..formats.atomic import remove_if_same
 from ..formats.locks import Locks, RunLock
 from ..formats.quant_encoding import open_logical
 from ..formats.registry import output_format
