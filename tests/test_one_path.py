@@ -63,3 +63,11 @@ def test_a_reported_file_object_is_the_same_alone_and_beside_a_set(tmp_path):
     beside = lines("report", "--json", grads, index)
     assert alone[0]["metadata"] == {"format": "pt"} and "files" not in alone[0]
     assert beside[0] == alone[0]
+
+
+def test_an_info_file_object_is_the_same_alone_and_beside_a_set(tmp_path):
+    grads, index = inputs(tmp_path)
+    alone = lines("info", "--json", grads)
+    beside = lines("info", "--json", grads, index)
+    assert "files" not in alone[0] and beside[0] == alone[0]
+    assert beside[1]["files"] == sorted(p.name for p in index.parent.glob("model-*.safetensors"))

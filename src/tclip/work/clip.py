@@ -179,8 +179,6 @@ def _run_locks(tensor_set: TensorSet, options: ClipOptions) -> Locks:
     return locks
 
 
-
-
 @dataclass
 class _Run:
     """What a clip of one set works from, decided before any tensor data is read."""
@@ -279,7 +277,7 @@ def _prepare(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_addres
         _companions(tensor_set, options) if unplanned is None else Companions()
     run = _Run(tensor_set, mode, options, None if one else set_layout(tensor_set), planned, planned_index, unplanned, others,
                folder_files is not None, one=one, early=early, converts=converts)
-    if not options.in_place and not options.dry_run:
+    if not options.in_place and (not options.dry_run or one):  # (a file's dry run refuses it too, as it did)
         check_outputs(*planned_outputs(tensor_set, options))
     if not run.overwrite and not options.dry_run:
         for out in [*run.targets.values(), run.index_target, *(t for _, t in others.copies)]:
