@@ -280,7 +280,11 @@ def _prepare(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_addres
     if not options.in_place and (not options.dry_run or one):  # (a file's dry run refuses it too, as it did)
         check_outputs(*planned_outputs(tensor_set, options))
     if not run.overwrite and not options.dry_run:
-        for out in [*run.targets.values(), run.index_target, *(t for _, t in others.copies)]:
+        copies = [t for _, t in others.copies]
+        # (a folder's weights: its other files are checked first, as they were before it was a set)
+        outs = [*copies, *run.targets.values()] if run.folder_files else [*run.targets.values(), run.index_target,
+                                                                           *copies]
+        for out in outs:
             if out is not None and os.path.lexists(out):
                 raise OutputExistsError(("output already exists; pass ", Option.FORCE, " to replace it"), out)
     run.journal, run.resumed = _journal(tensor_set, mode, options)
