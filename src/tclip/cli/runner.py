@@ -1,5 +1,5 @@
-"""What each command does with its files: expand them, run the library per file (or per
-tensor set), print tables or JSON Lines, map errors to one line each, and decide the exit status.
+"""What each command does with its files: expand them, run the library per tensor set (a file is
+a set of one), print tables or JSON Lines, map errors to one line each, and decide the exit status.
 
 Kept apart from :mod:`tclip.cli` so that parsing options imports nothing heavy.
 """

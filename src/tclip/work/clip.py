@@ -275,8 +275,8 @@ def _prepare(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_addres
         unplanned, planned, planned_index = error, {f: None for f in tensor_set.files}, None
     others = folder_files if folder_files is not None else \
         _companions(tensor_set, options) if unplanned is None else Companions()
-    run = _Run(tensor_set, mode, options, None if one else set_layout(tensor_set), planned, planned_index, unplanned, others,
-               folder_files is not None, one=one, early=early, converts=converts)
+    run = _Run(tensor_set, mode, options, None if one else set_layout(tensor_set), planned, planned_index,
+               unplanned, others, folder_files is not None, one=one, early=early, converts=converts)
     if not options.in_place and (not options.dry_run or one):  # (a file's dry run refuses it too, as it did)
         check_outputs(*planned_outputs(tensor_set, options))
     if not run.overwrite and not options.dry_run:
@@ -324,7 +324,8 @@ def _journal(tensor_set: TensorSet, mode: Any, options: ClipOptions) -> tuple[Pa
         if not journal.exists():
             raise TclipError(f"the index says an in-place run was interrupted, but its journal ({journal.name}) "
                              "is missing; restore the checkpoint from a copy", tensor_set.index)
-    resumed = read_journal(journal, tensor_set, mode, options, record=not options.dry_run) if journal is not None else None
+    resumed = None if journal is None else read_journal(journal, tensor_set, mode, options,
+                                                        record=not options.dry_run)
     return (None if options.dry_run else journal), resumed
 
 
