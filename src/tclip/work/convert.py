@@ -276,12 +276,28 @@ def _choose(reader: TensorReader, selection: Selection,
         if len(left) > optimizer:
             objects = len(left) - optimizer
             parts.append(f"{objects:,} item{'s' if objects != 1 else ''} saved as objects (not tensors)")
+        patterns = " ".join(repr(p) for p in left_patterns(left, [t.name for t in kept]))
         message: Message = (f"left out {' and '.join(parts)}: {name_list(left)}; name them with ", Option.INCLUDE,
-                            " to convert them too")
+                            " to convert them too (a diff of the input against the output names them as only in "
+                            "the input; ", Option.EXCLUDE, f" {patterns} compares the rest)")
         result.warnings.append(Note(NoteKind.OPTIMIZER_STATE, message))
     for pattern in selection.unmatched([*reader.tensors, *(o.name for o in reader.others)]):
         result.warnings.append(Note(NoteKind.UNMATCHED_PATTERN, f"pattern {pattern!r} matches no tensor"))
     return kept, others, metadata
+
+
+def left_patterns(left: list[str], kept: list[str]) -> list[str]:
+    """Globs matching exactly the names ``left`` out and none ``kept``: ``optimizer.*`` for a
+    first name part all of whose names were left out, else the names themselves."""
+    first = {name.split(".", 1)[0] for name in kept}
+    groups: dict[str, list[str]] = {}
+    for name in left:
+        groups.setdefault(name.split(".", 1)[0], []).append(name)
+    out = []
+    for head, names in groups.items():
+        whole = head not in first and len(names) > 1 and all("." in n for n in names)
+        out += [f"{head}.*"] if whole else names
+    return out
 
 
 def _portable(metadata: dict[str, Any]) -> dict[str, str]:
@@ -364,4 +380,4 @@ def _side_files(source: Path, chosen: Path, tensor_set: TensorSet | None, target
     return found
 
 
-__all__ = ["ConvertResult", "DEFAULT_SHARD_SIZE", "convert", "parse_shard_size", "plan_shards"]
+__all__ = ["ConvertResult", "DEFAULT_SHARD_SIZE", "convert", "left_patterns", "parse_shard_size", "plan_shards"]
