@@ -257,8 +257,10 @@ def test_dcp_folder_to_folder_is_what_torch_loads_back(dcp_root: Path, tmp_path:
 
 def excludes_from(output: str) -> list[str]:
     """The --exclude arguments convert's note suggests for comparing the rest."""
-    text = output.split("only in the input; --exclude ", 1)[1].split(" compares the rest", 1)[0]
-    return [arg for pattern in shlex.split(text) for arg in ("--exclude", pattern)]
+    text = output.split("only in the input; ", 1)[1].split(" compares the rest", 1)[0]
+    args = shlex.split(text)
+    assert args[::2] == ["--exclude"] * (len(args) // 2), text
+    return args
 
 
 def test_dcp_optimizer_state_is_left_out_with_a_note(dcp_root: Path, tmp_path: Path) -> None:
@@ -289,6 +291,19 @@ def test_dcp_pickled_items_named_by_include_cannot_go_into_safetensors(dcp_root:
 
 
 # ----------------------------------------------------------------------------- the rules themselves
+
+
+def test_help_has_an_example() -> None:
+    result = run("convert", "--help")
+    assert result.exit_code == 0, result.output
+    assert "Example:" in result.output
+
+
+def test_a_bad_shard_size_is_a_usage_error(tmp_path: Path) -> None:
+    np.savez(tmp_path / "a.npz", w=np.ones(3, np.float32))
+    result = run("convert", tmp_path / "a.npz", tmp_path / "out", "--max-shard-size", "5 parsecs")
+    assert result.exit_code == 2
+    assert not (tmp_path / "out").exists()
 
 
 def test_shard_size_is_read_as_save_pretrained_reads_it() -> None:

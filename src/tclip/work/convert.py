@@ -276,10 +276,12 @@ def _choose(reader: TensorReader, selection: Selection,
         if len(left) > optimizer:
             objects = len(left) - optimizer
             parts.append(f"{objects:,} item{'s' if objects != 1 else ''} saved as objects (not tensors)")
-        patterns = " ".join(repr(p) for p in left_patterns(left, [t.name for t in kept]))
+        excludes: list[str | Option] = []
+        for pattern in left_patterns(left, [t.name for t in kept]):
+            excludes += [" " if excludes else "", Option.EXCLUDE, f" {pattern!r}"]
         message: Message = (f"left out {' and '.join(parts)}: {name_list(left)}; name them with ", Option.INCLUDE,
                             " to convert them too (a diff of the input against the output names them as only in "
-                            "the input; ", Option.EXCLUDE, f" {patterns} compares the rest)")
+                            "the input; ", *excludes, " compares the rest)")
         result.warnings.append(Note(NoteKind.OPTIMIZER_STATE, message))
     for pattern in selection.unmatched([*reader.tensors, *(o.name for o in reader.others)]):
         result.warnings.append(Note(NoteKind.UNMATCHED_PATTERN, f"pattern {pattern!r} matches no tensor"))
