@@ -234,6 +234,37 @@ def test_existing_shard_in_dest_is_refused_before_writing(tmp_path: Path) -> Non
     assert os.listdir(tmp_path / "out") == ["model-00002-of-00004.safetensors"]
 
 
+def test_forced_folder_with_other_weights_is_refused(tmp_path: Path) -> None:
+    source = hf_set(tmp_path / "src", layers())
+    assert run("convert", source, tmp_path / "out", "--max-shard-size", "3000").exit_code == 0
+    before = sorted(os.listdir(tmp_path / "out"))
+    # one shard now: the four old shards and their index would stay beside model.safetensors
+    result = run("convert", source, tmp_path / "out", "--force")
+    assert result.exit_code == 1
+    assert "which this conversion would not replace" in result.output
+    assert sorted(os.listdir(tmp_path / "out")) == before
+    again = run("convert", source, tmp_path / "out", "--force", "--max-shard-size", "3000")
+    assert again.exit_code == 0, again.output
+
+
+def test_dest_inside_the_folder_of_an_index_is_refused(tmp_path: Path) -> None:
+    source = hf_set(tmp_path / "src", layers())
+    result = run("convert", source / "model.safetensors.index.json", source / "out")
+    assert result.exit_code == 1
+    assert "is inside the input" in result.output
+
+
+def test_json_says_what_was_written(tmp_path: Path) -> None:
+    source = hf_set(tmp_path / "src", layers())
+    result = run("convert", source, tmp_path / "out", "--max-shard-size", "3000", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["index"] == str(tmp_path / "out" / "model.safetensors.index.json")
+    shards = set(json.loads((tmp_path / "out" / "model.safetensors.index.json").read_text())["weight_map"].values())
+    assert data["tensors"] == len(layers()) and data["files"] == [str(tmp_path / "out" / s) for s in sorted(shards)]
+    assert data["copied"] == ["config.json", "tokenizer.json"] and data["left_out"] == []
+
+
 # ----------------------------------------------------------------------------- DCP
 
 

@@ -33,12 +33,12 @@ from ..formats import TensorInfo, TensorReader, open_reader
 from ..formats.atomic import remove_if_same, write_json
 from ..formats.dcp import METADATA_NAME, is_dcp_folder
 from ..formats.registry import holds_metadata, output_format, suffixes
-from ..formats.sharded import SetReader, TensorSet, is_index, resolve
+from ..formats.sharded import INDEX_SUFFIX, SetReader, TensorSet, is_index, resolve
 from ..messages import Message, Naming, Option, library_name
 from ..text import name_list
 from .budget import Budget
 from .companions import Companions, companions, copy_companions, folder_companions
-from .inputs import diff_input
+from .inputs import diff_input, is_tensor_file
 from .rewrite import carried_loss, rewrite_file
 from .results import Note, NoteKind
 from .selection import Selection
@@ -236,8 +236,10 @@ def convert(source: Path | str, target: Path | str, *, selection: Selection | No
 def _check_target(source: Path, target: Path, overwrite: bool) -> None:
     """Refuse, before anything is read or written, a target inside the source folder or the
     source itself, and an existing target without ``overwrite``."""
-    real_source, real_target = os.path.realpath(source), os.path.realpath(target)
-    if real_target == real_source or (os.path.isdir(source) and real_target.startswith(real_source + os.sep)):
+    # An index or a DCP .metadata stands for its folder: the set is the folder's files.
+    root = source.parent if is_index(source) or source.name == METADATA_NAME else source
+    real_source, real_target = os.path.realpath(root), os.path.realpath(target)
+    if real_target == real_source or (os.path.isdir(root) and real_target.startswith(real_source + os.sep)):
         raise TclipError(f"the output {target} is inside the input; write it elsewhere", source)
     if os.path.lexists(target) and not overwrite:
         raise OutputExistsError(("output already exists; pass ", Option.FORCE, " to replace it"), target)
@@ -345,6 +347,12 @@ def _write_folder(whole: _Subset, kept: list[TensorInfo], metadata: dict[str, An
     for path in targets:  # before anything is written
         if not overwrite and os.path.lexists(path):
             raise OutputExistsError(("output already exists; pass ", Option.FORCE, " to replace it"), path)
+    # Weights this run would not replace would sit beside its own: a loader could take them.
+    stale = sorted(name for name in os.listdir(target) if target / name not in targets
+                   and (name.endswith(INDEX_SUFFIX) or is_tensor_file(target / name)))
+    if stale:
+        raise TclipError(f"holds {name_list(stale, 3)}, which this conversion would not replace (a loader could "
+                         "take them for its output); remove them or write to another folder", target)
     for name, tensors in zip(names, shards):
         # save_pretrained marks its shards as PyTorch's; a source's own metadata is carried instead
         _write_one(whole, tensors, metadata or {"format": "pt"}, target / name, overwrite, budget, result, written)
