@@ -4,8 +4,8 @@
 
 Writes --mib MiB of float32 tensors (16 tensors, rows of 2048) as a DCP folder with the real
 ``torch.distributed.checkpoint`` (one process, and two gloo ranks with every tensor sharded: see
-bench_dcp.py), then, in alternating order, each a fresh process whose peak RSS is read from
-``wait4``:
+bench_dcp.py), then, in alternating order, each a fresh process whose peak RSS GNU time
+reads:
 
 - ``tclip convert FOLDER OUT/`` (default ``--memory 256M``, below the checkpoint's size);
 - ``dcp_to_torch_save`` + ``torch.load`` + ``safetensors.torch.save_file`` (torch's own route);
@@ -17,7 +17,6 @@ Issue targets: convert within 1.5x dd, >= 2x faster than torch's route, <= 1/4 o
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
 import subprocess
@@ -39,15 +38,16 @@ save_file({k: v.contiguous() for k, v in state.items()}, sys.argv[2])
 """
 
 
-def measured(command: list[str]) -> tuple[float, int]:
-    """(wall seconds, peak RSS in bytes) of one fresh process."""
+def measured(command: list[str], report: Path) -> tuple[float, int]:
+    """(wall seconds, peak RSS in bytes) of one fresh process. GNU time reads the RSS: a child
+    forked from this process would count this one's pages (torch, the tensors) as its own."""
     started = time.perf_counter()
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(process.pid, 0)
+    done = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", str(report), *command], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE)
     elapsed = time.perf_counter() - started
-    if status != 0:
-        raise SystemExit(f"{command[:3]} failed: {process.stderr.read().decode() if process.stderr else ''}")
-    return elapsed, usage.ru_maxrss * 1024
+    if done.returncode != 0:
+        raise SystemExit(f"{command[:3]} failed: {done.stderr.decode()}")
+    return elapsed, int(report.read_text().split()[-1]) * 1024
 
 
 def main() -> None:
@@ -85,7 +85,7 @@ def main() -> None:
             for name, command in order:
                 shutil.rmtree(out, ignore_errors=True)
                 out.mkdir()
-                outcome = measured(command())
+                outcome = measured(command(), root / "time.txt")
                 if round_:
                     results[name].append(outcome)
         dd = statistics.median(t for t, _ in results["dd conv=fsync"])
