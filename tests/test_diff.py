@@ -15,7 +15,8 @@ from helpers import PickleTrap
 
 from tclip.cli import cli
 from tclip.core.units import UNIT_ELEMENTS
-from tclip.diff import diff_files, parse_mapping
+from tclip.work.diff import diff_files
+from tclip.work.mapping import parse_mapping
 
 RNG = np.random.default_rng(21)
 TENSORS = {

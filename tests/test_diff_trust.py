@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tclip.cli import cli
-from tclip.diff import apply_mapping, parse_mapping
+from tclip.work.mapping import apply_mapping, parse_mapping
 
 
 def run(*args):

@@ -21,7 +21,7 @@ from rich.console import Console
 from tclip.cli import cli
 from tclip.cli.render.diff import render_diff
 from tclip.cli.render.info import render_info
-from tclip.diff import diff_files
+from tclip.work.diff import diff_files
 from tclip.work.clip import file_info
 
 NAMES = [f"model.layers.{i}.self_attn.{p}_proj.weight" for i in range(3) for p in "qkv"] + ["lm_head.weight"]

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from formats_helpers import safetensors_bytes
 
 from tclip.cli import cli
-from tclip.pipeline import report_file
+from tclip.work.clip import report_file
 
 K = "model.layers.17.self_attn.k_proj.weight"
 Q = "model.layers.17.self_attn.q_proj.weight"

@@ -21,9 +21,9 @@ from click.testing import CliRunner
 
 import tclip
 from tclip.cli import cli
-from tclip.core import ggml_blocks as gb
 from tclip.formats import open_reader
-from tclip.formats._gguf_header import parse_gguf
+from tclip.formats.gguf.header import parse_gguf
+from tclip.quant import ggml as gb
 
 gguf = pytest.importorskip("gguf")
 

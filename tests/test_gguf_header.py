@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tclip.errors import FormatError
-from tclip.formats._gguf_header import (
+from tclip.formats.gguf.header import (
     ARRAY_HEAD,
     MAX_INLINE_STRING,
     GgufArray,

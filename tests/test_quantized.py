@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from formats_helpers import read_all, safetensors_bytes
 
 from tclip.cli import cli
-from tclip.core.quant import round_product, round_quotient
+from tclip.quant.codes import round_product, round_quotient
 
 UNDERSTOOD = ["deepseek_fp8_block", "deepseek_fp8_block_ue8m0", "ct_fp8_tensor", "ct_fp8_channel", "ct_fp8_block",
               "ct_nvfp4", "ct_mxfp4", "modelopt_fp8", "modelopt_nvfp4", "gptoss_mxfp4"]

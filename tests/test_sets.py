@@ -19,8 +19,10 @@ from formats_helpers import read_all, safetensors_bytes
 from tclip.cli import cli
 from tclip.core.modes import GlobalNormClip
 from tclip.errors import TclipError
-from tclip.pipeline import ClipOptions, clip_file
-from tclip.tensorset import TensorSet, clip_set, load_index
+from tclip.work.clip import clip_file
+from tclip.work.options import ClipOptions
+from tclip.formats.sharded import TensorSet, load_index
+from tclip.work.sets import clip_set
 from tclip.work import sets as tensorset
 
 RNG = np.random.default_rng(33)

@@ -22,7 +22,7 @@ from click.testing import CliRunner
 from tclip.cli import cli
 from tclip.errors import FormatError, UnsupportedError
 from tclip.formats import open_reader
-from tclip.formats._torch_archive import load_torch_archive, read_tensor
+from tclip.formats.torch.archive import load_torch_archive, read_tensor
 from tclip.formats.limits import names_within
 
 
