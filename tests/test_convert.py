@@ -21,7 +21,7 @@ from safetensors.numpy import load_file, save_file
 from tclip.cli import cli
 from tclip.errors import OutputExistsError
 from tclip.formats import TensorInfo
-from tclip.formats._torch_pickle import TORCH_DTYPES
+from tclip.formats.torch.pickled import TORCH_DTYPES
 from tclip.formats.sharded import open_any
 from tclip.work import convert as convert_module
 from tclip.work.convert import convert, parse_shard_size, plan_shards
