@@ -26,8 +26,8 @@ from tclip.formats import atomic, open_reader
 from tclip.work.clip import clip_file
 from tclip.work.options import ClipOptions
 from tclip.formats.sharded import TensorSet
-from tclip.work.sets import clip_set
-from tclip.work import sets as tensorset
+from tclip.work.clip import clip_set
+from tclip.work import clip as tensorset  # where clipping a set runs its tasks
 
 RNG = np.random.default_rng(21)
 

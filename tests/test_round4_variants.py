@@ -13,7 +13,7 @@ import torch_helpers as th
 from click.testing import CliRunner
 
 from tclip.cli import cli
-from tclip.formats import _torch_archive
+from tclip.formats.torch import archive as _torch_archive
 
 
 def run(*args):

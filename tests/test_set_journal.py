@@ -11,8 +11,8 @@ from test_sets import run, sharded
 from tclip.core.modes import GlobalNormClip
 from tclip.work.options import ClipOptions
 from tclip.formats.sharded import TensorSet
-from tclip.work.sets import clip_set
-from tclip.work import sets as tensorset
+from tclip.work.clip import clip_set
+from tclip.work import clip as tensorset  # where clipping a set runs its tasks
 
 
 def interrupted(tmp_path, monkeypatch):

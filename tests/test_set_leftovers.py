@@ -16,8 +16,8 @@ from tclip.core.modes import GlobalNormClip
 from tclip.formats.atomic import write_marker
 from tclip.work.options import ClipOptions
 from tclip.formats.sharded import TensorSet
-from tclip.work.sets import clip_set
-from tclip.work import sets as tensorset
+from tclip.work.clip import clip_set
+from tclip.work import clip as tensorset  # where clipping a set runs its tasks
 from tclip.work.journal import commit_marker
 
 
@@ -27,7 +27,7 @@ def test_a_companion_swapped_for_a_fifo_during_pass_2_is_one_error_not_a_hang(tm
     driver = (
         "import os, sys\n"
         "from pathlib import Path\n"
-        "from tclip.work import sets\n"
+        "from tclip.work import clip as sets\n"
         "real = sets.rewrite_task\n"
         "def swap_then_rewrite(*args, **kwargs):\n"
         "    config = Path(sys.argv[1]).parent / 'config.json'\n"

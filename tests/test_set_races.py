@@ -19,9 +19,9 @@ from tclip.core.modes import GlobalNormClip
 from tclip.errors import TclipError
 from tclip.work.options import ClipOptions
 from tclip.formats.sharded import TensorSet
-from tclip.work.sets import clip_set
+from tclip.work.clip import clip_set
 from tclip.work import clip as clip_module
-from tclip.work import sets as tensorset
+from tclip.work import clip as tensorset  # where clipping a set runs its tasks
 
 
 def global_norm(files) -> float:

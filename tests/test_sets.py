@@ -22,8 +22,8 @@ from tclip.errors import TclipError
 from tclip.work.clip import clip_file
 from tclip.work.options import ClipOptions
 from tclip.formats.sharded import TensorSet, load_index
-from tclip.work.sets import clip_set
-from tclip.work import sets as tensorset
+from tclip.work.clip import clip_set
+from tclip.work import clip as tensorset  # where clipping a set runs its tasks
 
 RNG = np.random.default_rng(33)
 TENSORS = {f"model.layers.{i}.mlp.{p}.weight": (RNG.standard_normal((48, 40)) * (i + 1)).astype(np.float32)
@@ -199,7 +199,7 @@ def test_a_kill_between_a_shards_rename_and_its_journal_record_still_resumes(tmp
     clip_set(TensorSet(str(clean), [], clean), GlobalNormClip(1.0), ClipOptions(in_place=True))
     driver = (
         "import os, sys, threading\n"
-        "from tclip.work import sets\n"
+        "from tclip.work import clip as sets\n"
         "real, calls = sets.rewrite_task, []\n"
         "def first_only(*args, **kwargs):\n"
         "    calls.append(args[0])\n"

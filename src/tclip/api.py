@@ -248,9 +248,8 @@ def clip(path: PathLike, mode: Mode, *, output: PathLike | None = None, out_dir:
     :class:`ValueClip`, :class:`AverageNormClip`) and write the result (``output``, else
     ``NAME.clipped.EXT`` beside it or in ``out_dir``). The options are the command's flags, but
     ``overwrite`` is ``--force`` (the name the library's messages use)."""
-    from .work.clip import clip_file
+    from .work.clip import clip_file, clip_set
     from .work.options import ClipOptions
-    from .work.sets import clip_set
 
     if not isinstance(mode, (NormClip, AverageNormClip, GlobalNormClip, ValueClip)):
         raise TypeError("mode must be NormClip, GlobalNormClip, ValueClip or AverageNormClip")

@@ -338,3 +338,44 @@ def diff_command(ctx: click.Context, **kwargs: Any) -> None:
         ctx.exit(run_diff(**kwargs))
 
 
+
+
+@cli.command("convert")
+@click.argument("source", type=FILES, metavar="SRC")
+@click.argument("target", type=click.Path(path_type=Path), metavar="DEST")
+@click.option("--max-shard-size", default="5GB", show_default=True, metavar="SIZE",
+              help="A folder's largest shard, as save_pretrained reads it (5GB = 5*10^9 bytes, 2GiB = 2*2^30).")
+@click.option("--force", is_flag=True, help="Replace existing outputs.")
+@click.option("--drop-nonnumeric", is_flag=True,
+              help="Drop what the output format cannot hold (strings, metadata) with a warning.")
+@budget_options
+@selection_options("Convert")
+@display_options
+@click.pass_context
+def convert_command(ctx: click.Context, source: str, target: Path, max_shard_size: str, **kwargs: Any) -> None:
+    """Write the tensors of SRC (a file, an index, a folder, a DCP checkpoint) to DEST, unchanged.
+
+    DEST with a tensor file suffix is one file of that format; any other DEST
+    is a folder as save_pretrained writes it: model.safetensors, or shards of at
+    most --max-shard-size and model.safetensors.index.json, with the source
+    folder's config and tokenizer files. Optimizer state (and a DCP folder's
+    pickled items) is left out unless --include names it. Memory stays within
+    --memory whatever the checkpoint's size; nothing is left behind on failure.
+
+    \b
+    Example:
+        tclip convert checkpoint/step-1000 hf-model/
+        tclip convert --max-shard-size 2GB model.safetensors.index.json out/
+        tclip convert weights.npz weights.safetensors
+    """
+    from ..work.convert import parse_shard_size
+
+    try:
+        parse_shard_size(max_shard_size)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="'--max-shard-size'") from None
+    from ..formats.limits import names_within
+    from .convert_run import run_convert
+
+    with names_within(kwargs["memory"]):
+        ctx.exit(run_convert(source=source, target=target, max_shard_size=max_shard_size, **kwargs))

@@ -1,5 +1,5 @@
-"""What each command does with its files: expand them, run the library per file (or per
-tensor set), print tables or JSON Lines, map errors to one line each, and decide the exit status.
+"""What each command does with its files: expand them, run the library per tensor set (a file is
+a set of one), print tables or JSON Lines, map errors to one line each, and decide the exit status.
 
 Kept apart from :mod:`tclip.cli` so that parsing options imports nothing heavy.
 """
@@ -217,16 +217,6 @@ class Runner:
         return EXIT_CHECK_FAILED if self.checks_failed else 0
 
 
-def _sizes(files: list[tuple[str, Path | None]]) -> int:
-    total = 0
-    for _, path in files:
-        try:
-            total += path.stat().st_size if path is not None else 0
-        except OSError:
-            pass
-    return total
-
-
 # --------------------------------------------------------------------------- clipping
 
 
@@ -235,48 +225,28 @@ def run_clip(mode: Any, *, files: tuple[str, ...], recursive: bool, output: Path
              nonfinite: str, fail_fast: bool, as_json: bool, quiet: bool, color: str, threads: int | None,
              memory: int, drop_nonnumeric: bool, across_files: bool, dask_address: str | None,
              strict: bool = False, top: int | None = None, summary: bool = False) -> int:
-    from ..formats.sharded import is_index, load_index
-    from ..work.clip import clip_file
-    from ..work.companions import check_copy_targets, copy_into_report, folder_companions
+    from ..work.clip import clip_set
+    from ..work.companions import folder_companions
     from ..work.inputs import Found
     from ..work.options import ClipOptions
     from ..work.selection import Selection
-    from ..work.sets import clip_set, group_sets
+    from ..work.sets import group_sets
 
     runner = Runner(as_json, quiet, color, fail_fast, batch=summary and not as_json)
-    created: list[Path] = []  # the folders this run makes, removed again if it writes nothing into them
-    if out_dir is not None and not dry_run:
-        folder = out_dir
-        while not os.path.lexists(folder) and folder != folder.parent:  # False, not raised, for a name too long
-            created.append(folder)
-            folder = folder.parent
-        try:
-            out_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as error:
-            runner.error(str(out_dir), f"{out_dir}: cannot create the output directory "
-                                       f"({error.strerror or error})")
-            return runner.finish()
+    created = _make_out_dir(runner, out_dir, dry_run)
+    if created is None:
+        return runner.finish()
     options = ClipOptions(output=output, out_dir=out_dir, in_place=in_place, overwrite=force,
                           selection=Selection(include, exclude), nonfinite=nonfinite, strict=strict,
                           dry_run=dry_run, memory=memory, threads=threads or 0, drop_nonnumeric=drop_nonnumeric,
                           measure_after=as_json or not quiet)
     folders = Found()
     inputs = runner.expand(files, recursive, folders)
-    use_sets = across_files or dask_address is not None or any(is_index(p) for _, p in inputs)
+    sets = group_sets(inputs, across_files)
     # a folder's model.safetensors (save_pretrained's, a Trainer's) takes the folder's other files along
-    copies = {} if out_dir is None or use_sets else {
+    copies = {} if out_dir is None else {
         weights: folder_companions(folder, out_dir, [p for _, p in inputs if p is not None])
         for weights, folder in folders.weights.items()}
-    total = 0
-    for _, path in inputs:
-        if path is None:
-            continue
-        try:
-            members = load_index(path).files if is_index(path) else [path]
-            total += sum(f.stat().st_size for f in members if f.exists())
-        except (TclipError, OSError):
-            pass  # reported when it runs
-
     finished: list[Any] = []
 
     def show(report: Any) -> None:
@@ -287,37 +257,20 @@ def run_clip(mode: Any, *, files: tuple[str, ...], recursive: bool, output: Path
 
         render_file(report, runner.out, width=runner.width, sort="name", top=top)  # natural order, as report
 
+    def clip_one(tensor_set: Any, progress: Any) -> Any:
+        return clip_set(tensor_set, mode, options, dask_address, progress,
+                        copies.get(tensor_set.files[0]) if len(tensor_set.files) == 1 else None)
+
     try:
         if not dry_run and not in_place:
             # Every output of the run against every input of the run, before anything is written.
             try:
-                _check_run_outputs(inputs, options, use_sets, across_files, copies)
+                _check_run_outputs(sets, options, copies)
             except TclipError as error:
                 runner.error(str(error.path), error.spelled(flag))
                 return runner.finish()
-        with runner.progress(2 * total) as progress:
-            for name, item in (group_sets(inputs, across_files) if use_sets else inputs):
-                if item is None:
-                    runner.error(name, f"{name}: no tensor files match")
-                elif not isinstance(item, Path):  # a tensor set (use_sets)
-                    report = runner.attempt(name, functools.partial(clip_set, item, mode, options, dask_address,
-                                                                    progress))
-                    if report is not None:
-                        runner.done(name, report, show)
-                else:
-                    def clip_one(p: Path, n: str) -> Any:
-                        if p in copies and not dry_run:
-                            check_copy_targets(copies[p], force)
-                        report = clip_file(p, mode, options, None if progress is None else progress(n))
-                        if p in copies:
-                            copy_into_report(report, copies[p], dry_run, force)
-                        return report
-
-                    report = runner.attempt(name, functools.partial(clip_one, item, name))
-                    if report is not None:
-                        runner.done(name, report, show)
-                if runner.failed and fail_fast:
-                    break
+        with runner.progress(2 * _input_bytes(inputs)) as progress:
+            _run_sets(runner, sets, lambda s: clip_one(s, progress), show, fail_fast)
     finally:
         for folder in created:  # innermost first; only empty ones
             try:
@@ -331,26 +284,69 @@ def run_clip(mode: Any, *, files: tuple[str, ...], recursive: bool, output: Path
     return runner.finish()
 
 
-def _check_run_outputs(inputs: list[tuple[str, Path | None]], options: Any, use_sets: bool,
-                       across_files: bool, copies: dict[Path, Any]) -> None:
+def _make_out_dir(runner: Runner, out_dir: Path | None, dry_run: bool) -> list[Path] | None:
+    """The output folder, made: the folders this run makes (removed again if it writes nothing
+    into them), innermost first; None when it cannot be made (said)."""
+    created: list[Path] = []
+    if out_dir is None or dry_run:
+        return created
+    folder = out_dir
+    while not os.path.lexists(folder) and folder != folder.parent:  # False, not raised, for a name too long
+        created.append(folder)
+        folder = folder.parent
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        runner.error(str(out_dir), f"{out_dir}: cannot create the output directory ({error.strerror or error})")
+        return None
+    return created
+
+
+def _input_bytes(inputs: list[tuple[str, Path | None]]) -> int:
+    """The bytes of every file the inputs name (an index: its files), for the progress bar."""
+    from ..formats.sharded import is_index, load_index
+
+    total = 0
+    for _, path in inputs:
+        if path is None:
+            continue
+        try:
+            members = load_index(path).files if is_index(path) else [path]
+            total += sum(f.stat().st_size for f in members if f.exists())
+        except (TclipError, OSError):
+            pass  # reported when it runs
+    return total
+
+
+def _run_sets(runner: Runner, sets: list[tuple[str, Any]], work: Callable[[Any], Any],
+              show: Callable[[Any], None], fail_fast: bool = False) -> None:
+    """``work`` on each set (a file is a set of one), each report shown as it comes."""
+    for name, item in sets:
+        if item is None:
+            runner.error(name, f"{name}: no tensor files match")
+        else:
+            report = runner.attempt(name, functools.partial(work, item))
+            if report is not None:
+                runner.done(name, report, show)
+        if runner.failed and fail_fast:
+            break
+
+
+def _check_run_outputs(sets: list[tuple[str, Any]], options: Any, copies: dict[Path, Any]) -> None:
     """No output of the run is one of its inputs, and no two inputs share an output
     (see :func:`tclip.work.inputs.check_outputs`); inputs that cannot be read are left
     to fail on their own turn. ``copies``: a folder's other files copied with its weights."""
-    from ..work.inputs import check_outputs, output_for
-    from ..work.sets import group_sets, planned_outputs
+    from ..work.clip import planned_outputs
+    from ..work.inputs import check_outputs
+    from ..work.sets import alone
 
     outputs: dict[Path, Path] = {}
     every: list[Path] = []
-    for _, item in (group_sets(inputs, across_files) if use_sets else inputs):
-        if item is None:
+    for _, item in sets:
+        if item is None or alone(item) and not item.files[0].exists():
             continue
         try:
-            if not isinstance(item, Path):  # a tensor set (use_sets)
-                part, members = planned_outputs(item, options)
-            elif item.exists():
-                part, members = {item: output_for(item, options)}, [item]
-            else:
-                continue
+            part, members = planned_outputs(item, options)
         except (TclipError, OSError):
             continue
         for source, out in part.items():
@@ -380,9 +376,7 @@ def run_report(*, files: tuple[str, ...], recursive: bool, order: str, axes: tup
                            include=include, exclude=exclude, as_json=as_json, quiet=quiet, color=color,
                            threads=threads, memory=memory, max_drift=max_drift, plot=plot, heatmap=heatmap,
                            command=_command_line())
-    from ..formats.sharded import is_index
     from ..work.budget import Budget
-    from ..work.clip import report_file
     from ..work.gate import apply_gate
     from ..work.selection import Selection
     from ..work.sets import group_sets, report_set
@@ -390,7 +384,6 @@ def run_report(*, files: tuple[str, ...], recursive: bool, order: str, axes: tup
     runner = Runner(as_json, quiet, color, batch=summary and not as_json)
     selection = Selection(include, exclude)
     inputs = runner.expand(files, recursive)
-    use_sets = across_files or any(is_index(p) for _, p in inputs)
     moments = stats or (as_json and not summary)  # a summary's JSON has no moments
     reports = []
 
@@ -399,26 +392,19 @@ def run_report(*, files: tuple[str, ...], recursive: bool, order: str, axes: tup
 
         render_file(report, runner.out, width=runner.width, sort=sort, top=top, stats=stats)
 
-    def measure(name: str, item: Any, progress: Any) -> Any:
-        if use_sets:
-            report = report_set(item, selection, order, axes, moments, Budget(memory, threads or 0), progress,
-                                max_norm=max_norm)
-        else:
-            report = report_file(item, axes=axes, ord=order, selection=selection, moments=moments,
-                                 progress=None if progress is None else progress(name), memory=memory,
-                                 threads=threads or 0, max_norm=max_norm)
-        if max_norm is not None:
-            where = item.name if use_sets else item
-            if apply_gate(report, max_norm, axes is not None, where, selection):
-                runner.checks_failed.append(str(where))
+    def measure(item: Any, progress: Any) -> Any:
+        report = report_set(item, selection, order, axes, moments, Budget(memory, threads or 0), progress,
+                            max_norm=max_norm)
+        if max_norm is not None and apply_gate(report, max_norm, axes is not None, report.file, selection):
+            runner.checks_failed.append(report.file)
         return report
 
-    with runner.progress(0 if use_sets else _sizes(inputs)) as progress:
-        for name, item in (group_sets(inputs, across_files) if use_sets else inputs):
-            if item is None:
+    with runner.progress(_input_bytes(inputs)) as progress:
+        for name, tensor_set in group_sets(inputs, across_files):
+            if tensor_set is None:
                 runner.error(name, f"{name}: no tensor files match")
                 continue
-            report = runner.attempt(name, functools.partial(measure, name, item, progress))
+            report = runner.attempt(name, functools.partial(measure, tensor_set, progress))
             if report is None:
                 continue
             if summary:
@@ -483,18 +469,17 @@ def _command_line() -> str:
 
 
 def run_info(*, files: tuple[str, ...], recursive: bool, sort: str, as_json: bool, quiet: bool, color: str) -> int:
-    from ..work.clip import file_info
+    from ..work.sets import as_set, set_info
+
+    def info_of(path: Path) -> Any:
+        return set_info(as_set(path))
 
     runner = Runner(as_json, quiet, color)
     for name, path in runner.expand(files, recursive):
         if path is None:
             runner.error(name, f"{name}: no tensor files match")
             continue
-        from ..formats.sharded import is_index
-        from ..work.sets import index_info
-
-        work = (lambda p=path: index_info(p)) if is_index(path) else (lambda p=path: file_info(p))
-        result = runner.attempt(name, work)
+        result = runner.attempt(name, functools.partial(info_of, path))
         if result is not None:
             from .render.info import render_info
 

@@ -296,49 +296,8 @@ def diff_files(a: Path | str, b: Path | str, *, rtol: float = 0.0, atol: float =
         for reader in (reader_a, reader_b):
             if reader.damage is not None:
                 raise TclipError(reader.damage, reader.path)
-        renamed: dict[str, str] = {}
         used: set[int] = set()  # the rules that renamed something
-        for name in reader_a.tensors:
-            new = _rename(name, rules, used)
-            if new in renamed:
-                raise TclipError((Option.MAP, f" gives two tensors of A the name {new!r}: {renamed[new]!r} and "
-                                               f"{name!r}"),
-                                 a)
-            renamed[new] = name
-        names_b = {n for n in reader_b.tensors if selection.matches(n)}
-        pairs: list[tuple[TensorDiff, str, str]] = []
-        for new, old in renamed.items():
-            if not selection.matches(new):
-                continue
-            info_a = reader_a.tensors[old]
-            entry = TensorDiff(old, new if new != old else None, list(info_a.shape), None, info_a.dtype,
-                               label_a=_encoded_label(info_a))
-            if new not in reader_b.tensors:
-                entry.status = Status.ONLY_IN_A
-                report.tensors.append(entry)
-                continue
-            names_b.discard(new)
-            info_b = reader_b.tensors[new]
-            entry.shape_b, entry.dtype_b, entry.label_b = list(info_b.shape), info_b.dtype, _encoded_label(info_b)
-            if tuple(info_a.shape) != tuple(info_b.shape):
-                entry.status = Status.SHAPE_DIFFERS
-            elif not (_comparable(info_a) and _comparable(info_b)):
-                entry.status = Status.NOT_COMPARED
-                refused = info_a.refused or info_b.refused
-                entry.note = Remark(RemarkKind.REFUSED, refused) if refused else \
-                    Remark(RemarkKind.NOT_NUMERIC, "not numeric")
-                if _same_kind_of_bytes(info_a, info_b):
-                    _compare_bytes(reader_a, reader_b, entry, old, new, report)
-            elif is_bool(info_a.dtype) != is_bool(info_b.dtype):
-                entry.status = Status.NOT_COMPARED
-                entry.note = Remark(RemarkKind.BOOL, "bool against numbers")
-            else:
-                pairs.append((entry, old, new))
-            report.tensors.append(entry)
-        for name in sorted(names_b):
-            info_b = reader_b.tensors[name]
-            report.tensors.append(TensorDiff(name, None, None, list(info_b.shape), None, info_b.dtype,
-                                             Status.ONLY_IN_B))
+        pairs = _pair_up(reader_a, reader_b, _renamed(reader_a, rules, used, a), selection, report)
         _compare_pairs(reader_a, reader_b, pairs, report, Budget(memory, threads, block_bytes))
         _compare_others(reader_a, reader_b, rules, selection, report, memory, used)
         both = [(t.name, t.name_b or t.name) for t in report.tensors
@@ -349,16 +308,74 @@ def diff_files(a: Path | str, b: Path | str, *, rtol: float = 0.0, atol: float =
             report.warnings.append(DiffNote(DiffNoteKind.METADATA_NOT_COMPARED,
                                             "file metadata not compared: one of the formats holds none"))
         _check_names(reader_a, reader_b, rules, used, selection, report)
-    # The global figures cover floating tensors, as the report's global norm does (a step
-    # counter would swamp them).
-    floating = [t for t in report.tensors if t.status is Status.COMPARED and isinstance(t.dtype_a, np.dtype)
-                and is_floating(t.dtype_a)]
-    report.global_diff_norm = math.sqrt(math.fsum((t.diff_norm or 0.0) ** 2 for t in floating
-                                                  if t.diff_norm is not None and math.isfinite(t.diff_norm)))
-    report.global_norm_a = math.sqrt(math.fsum((t.norm_a or 0.0) ** 2 for t in floating
-                                               if t.norm_a is not None and math.isfinite(t.norm_a)))
+    _global_figures(report)
     report.elapsed_s = time.perf_counter() - started
     return report
+
+
+def _renamed(reader_a: TensorReader, rules: list[RenameRule], used: set[int], a: Path | str) -> dict[str, str]:
+    """A's tensors by their names after the rename rules (new name -> A's name); two given one name are refused."""
+    renamed: dict[str, str] = {}
+    for name in reader_a.tensors:
+        new = _rename(name, rules, used)
+        if new in renamed:
+            raise TclipError((Option.MAP, f" gives two tensors of A the name {new!r}: {renamed[new]!r} and "
+                                           f"{name!r}"),
+                             a)
+        renamed[new] = name
+    return renamed
+
+
+def _pair_up(reader_a: TensorReader, reader_b: TensorReader, renamed: dict[str, str], selection: Selection,
+             report: "DiffReport") -> list[tuple[TensorDiff, str, str]]:
+    """Each selected name's entry in ``report`` (only on one side, shape differs, not comparable:
+    settled here); the pairs whose values are to be compared."""
+    names_b = {n for n in reader_b.tensors if selection.matches(n)}
+    pairs: list[tuple[TensorDiff, str, str]] = []
+    for new, old in renamed.items():
+        if not selection.matches(new):
+            continue
+        info_a = reader_a.tensors[old]
+        entry = TensorDiff(old, new if new != old else None, list(info_a.shape), None, info_a.dtype,
+                           label_a=_encoded_label(info_a))
+        if new not in reader_b.tensors:
+            entry.status = Status.ONLY_IN_A
+            report.tensors.append(entry)
+            continue
+        names_b.discard(new)
+        info_b = reader_b.tensors[new]
+        entry.shape_b, entry.dtype_b, entry.label_b = list(info_b.shape), info_b.dtype, _encoded_label(info_b)
+        if tuple(info_a.shape) != tuple(info_b.shape):
+            entry.status = Status.SHAPE_DIFFERS
+        elif not (_comparable(info_a) and _comparable(info_b)):
+            entry.status = Status.NOT_COMPARED
+            refused = info_a.refused or info_b.refused
+            entry.note = Remark(RemarkKind.REFUSED, refused) if refused else \
+                Remark(RemarkKind.NOT_NUMERIC, "not numeric")
+            if _same_kind_of_bytes(info_a, info_b):
+                _compare_bytes(reader_a, reader_b, entry, old, new, report)
+        elif is_bool(info_a.dtype) != is_bool(info_b.dtype):
+            entry.status = Status.NOT_COMPARED
+            entry.note = Remark(RemarkKind.BOOL, "bool against numbers")
+        else:
+            pairs.append((entry, old, new))
+        report.tensors.append(entry)
+    for name in sorted(names_b):
+        info_b = reader_b.tensors[name]
+        report.tensors.append(TensorDiff(name, None, None, list(info_b.shape), None, info_b.dtype,
+                                         Status.ONLY_IN_B))
+    return pairs
+
+
+def _global_figures(report: "DiffReport") -> None:
+    """The global figures cover floating tensors, as the report's global norm does (a step
+    counter would swamp them)."""
+    compared = [t for t in report.tensors if t.status is Status.COMPARED and isinstance(t.dtype_a, np.dtype)
+                and is_floating(t.dtype_a)]
+    report.global_diff_norm = math.sqrt(math.fsum((t.diff_norm or 0.0) ** 2 for t in compared
+                                                  if t.diff_norm is not None and math.isfinite(t.diff_norm)))
+    report.global_norm_a = math.sqrt(math.fsum((t.norm_a or 0.0) ** 2 for t in compared
+                                               if t.norm_a is not None and math.isfinite(t.norm_a)))
 
 
 def _rename(name: str, rules: list[RenameRule], used: set[int]) -> str:

@@ -1,4 +1,6 @@
-"""One tensor set across many files: sharded checkpoints, explicit file lists, clusters.
+"""Tensor sets: sharded checkpoints, explicit file lists, clusters, and a single file (a
+set of one). Here: where per-file tasks run, how inputs group into sets, and the read-only
+commands over a set (:func:`report_set`, :func:`set_info`); clipping is in :mod:`tclip.work.clip`.
 
 The work is the one-file steps over all files:
 
@@ -19,73 +21,40 @@ import glob
 import os
 import time
 from collections.abc import Callable
-from concurrent.futures import Executor, Future, ThreadPoolExecutor, as_completed, wait
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from ..core.modes import GlobalNormClip, NormClip, ValueClip, value_bounds
-from ..errors import OutputExistsError, TclipError, UnsupportedError
+from ..core.stats import Axes, AxesLike, parse_axes
+from ..errors import TclipError, UnsupportedError
 from ..formats import SharedElements
-from ..formats.atomic import identity_of, marker_names, remove_if_same
-from ..formats.locks import Locks, RunLock
+from ..formats.atomic import identity_of, marker_names
 from ..formats.registry import open_reader
-from ..formats.sharded import (
-    GGUF_SPLIT_NAME,
-    IN_PROGRESS_KEY,
-    INDEX_SUFFIX,
-    TensorSet,
-    is_index,
-    load_index,
-    resolve,
-    set_anchor,
-    write_index,
-)
+from ..formats.sharded import GGUF_SPLIT_NAME, IN_PROGRESS_KEY, TensorSet, is_index, resolve, set_anchor
 from ..messages import Option
 from ..quant.layout import QuantLayout
 from ..quant.view import layout_of_files, open_logical
 from .budget import Budget
-from .companions import Companions, companions, copy_companions, with_plain_files
-from .clip import file_info
-from .inputs import check_outputs, default_output
-from .journal import (
-    commit_marker,
-    journal_done,
-    journal_path,
-    mark_index,
-    read_journal,
-    write_journal,
-)
-from .options import ClipOptions
-from .plan import Plan, TensorWork, make_plan
-from .policy import check_nonfinite, check_norm_overflow, check_selection
-from .quantized import check_quantized_plan, logical_names, quantized_notes, rescales_that_may_miss
-from .reporting import (
-    finish_report,
-    flush_note,
-    global_norms,
-    mode_params,
-    report_from_stats,
-    start_report,
-)
-from .results import FileReport, InfoReport, Note, NoteKind
-from .rewrite import RewriteResult, check_same, rewrite_file
+from .passes import HeldTensors, Progress
+from .plan import TensorWork
+from .reporting import report_from_stats
+from .results import FileReport, InfoReport, InfoTensor, Note, NoteKind, OtherReport
+from .rewrite import RewriteResult, rewrite_file
 from .selection import Selection
-from .statistics import FileStats, file_statistics, owned_sums
-from .tied import check_tied
+from .statistics import FileStats, file_statistics
 
-
-def stats_task(path: str, selection: Selection, axes: Any, budget: Budget, track_l1: bool = False,
+def stats_task(path: str, selection: Selection, axes: Axes, budget: Budget, track_l1: bool = False,
                track_moments: bool = False, whole_if_rank_skip: bool = False,
-               progress: Callable[[int], None] | None = None, layout: QuantLayout | None = None) -> FileStats:
-    """Pass 1 of one file, on whatever machine runs it (``layout``: the set's quantized weights).
+               progress: Callable[[int], None] | None = None, layout: QuantLayout | None = None,
+               held: HeldTensors | None = None) -> FileStats:
+    """Pass 1 of one file, on whatever machine runs it (``layout``: the set's quantized weights;
+    ``held``: tensors small enough to keep for pass 2, in this process).
     The statistics say which file they are of (``identity``): pass 2 rewrites only that file."""
     before = identity_of(path)
     stats = file_statistics(path, selection=selection, axes=axes, budget=budget, track_l1=track_l1,
                             track_moments=track_moments, whole_if_rank_skip=whole_if_rank_skip, progress=progress,
-                            layout=layout)
+                            layout=layout, held=held)
     if identity_of(path) != before:
         raise TclipError("was replaced or changed while tclip read it (by another run or program); nothing was "
                          "written", path)
@@ -93,10 +62,11 @@ def stats_task(path: str, selection: Selection, axes: Any, budget: Budget, track
     return stats
 
 
-def rewrite_task(path: str, work: dict[str, TensorWork], target: str | None, axes: Any, overwrite: bool,
+def rewrite_task(path: str, work: dict[str, TensorWork], target: str | None, axes: Axes, overwrite: bool,
                  budget: Budget, drop_nonnumeric: bool, progress: Callable[[int], None] | None = None,
                  commit_marker: str | None = None, layout: QuantLayout | None = None,
-                 expect: tuple[int, int, int] | None = None) -> RewriteResult:
+                 expect: tuple[int, int, int] | None = None, measure_after: bool = True,
+                 held: HeldTensors | None = None) -> RewriteResult:
     """Pass 2 of one file, on whatever machine runs it; the output appears atomically.
 
     ``expect``: the identity of the file pass 1 measured; another file at ``path`` is refused,
@@ -109,10 +79,10 @@ def rewrite_task(path: str, work: dict[str, TensorWork], target: str | None, axe
     return rewrite_file(path, work, None if target is None else Path(target), axes=axes, overwrite=overwrite,
                         budget=budget, progress=progress, drop_nonnumeric=drop_nonnumeric,
                         commit_marker=None if commit_marker is None else Path(commit_marker), layout=layout,
-                        expect=expect)
+                        expect=expect, measure_after=measure_after, held=held)
 
 
-def _found_done(path: str, work: dict[str, TensorWork], target: str | None, axes: Any, budget: Budget,
+def _found_done(path: str, work: dict[str, TensorWork], target: str | None, axes: Axes, budget: Budget,
                 layout: QuantLayout | None) -> RewriteResult:
     """The result of a task whose shard an earlier attempt of it replaced already: the
     norms after are measured from the shard; what that attempt counted (values changed by
@@ -145,7 +115,7 @@ class TaskPool:
         if dask_address is None:
             # One budget for the whole run: the files' passes share its memory and threads.
             self.parallel = budget.parallel_passes(files)
-            self.task_budget = budget.share(self.parallel)
+            self.task_budget = budget if files == 1 else budget.share(self.parallel)
             self.executor: Executor = ThreadPoolExecutor(self.parallel, thread_name_prefix="tclip-file")
         else:
             try:
@@ -235,6 +205,11 @@ def _split_anchor(path: Path) -> Path | None:
     return Path(path).with_name(f"{match['prefix']}-00001-of-{match['count']}.gguf")
 
 
+def alone(tensor_set: TensorSet) -> bool:
+    """Whether a set is one loose file (no index, not a GGUF split set): it is reported as that file."""
+    return tensor_set.index is None and len(tensor_set.files) == 1 and not tensor_set.keep_names
+
+
 def absolute(tensor_set: TensorSet) -> TensorSet:
     """The set with every path absolute, for tasks that run elsewhere: a Dask worker
     started in another folder would read a relative path against its own."""
@@ -254,330 +229,6 @@ def _selection_for(tensor_set: TensorSet, file: Path, selection: Selection,
     return replace(selection, allow=tensor_set.allow[file] | frozenset(owned))
 
 
-def _targets(tensor_set: TensorSet, options: ClipOptions) -> tuple[dict[Path, Path | None], Path | None]:
-    """Each file's output, and the index's."""
-    if options.dry_run:
-        return {f: None for f in tensor_set.files}, None
-    if tensor_set.index is not None:
-        if options.in_place:
-            # A symlink stays a symlink (a shard, or the index, in a Hugging Face cache's
-            # snapshot folder): its target is what gets replaced.
-            return {f: Path(os.path.realpath(f)) for f in tensor_set.files}, Path(os.path.realpath(tensor_set.index))
-        if options.out_dir is None:
-            raise TclipError(("a sharded checkpoint needs ", Option.OUT_DIR, " DIR (shards and index keep their "
-                              "names) or ", Option.IN_PLACE), tensor_set.index)
-        folder = Path(options.out_dir)
-        if folder.resolve() == tensor_set.index.parent.resolve():
-            raise TclipError((Option.OUT_DIR, " is the checkpoint's own folder; use ", Option.IN_PLACE, " for that"),
-                             tensor_set.index)
-        return ({f: folder / f.relative_to(tensor_set.index.parent) for f in tensor_set.files},
-                folder / tensor_set.index.name)
-    if options.in_place and tensor_set.keep_names:
-        # Without an index there is nowhere to mark a run in progress: an interrupted one would
-        # leave some files clipped and others not, and a rerun would clip them again.
-        raise TclipError(("a split GGUF set is clipped into ", Option.OUT_DIR, " DIR, not ", Option.IN_PLACE,
-                          " (an interrupted run would leave it half clipped)"), tensor_set.files[0])
-    if options.in_place:
-        return {f: Path(os.path.realpath(f)) for f in tensor_set.files}, None
-    if tensor_set.keep_names and options.out_dir is None:
-        raise TclipError(("a split GGUF set needs ", Option.OUT_DIR, " DIR (its files keep their names, by which "
-                          "llama.cpp finds them)"), tensor_set.files[0])
-    return {f: default_output(f, options.out_dir) for f in tensor_set.files}, None
-
-
-def _companions(tensor_set: TensorSet, options: ClipOptions) -> Companions:
-    """The checkpoint folder's other files that go with an index written to ``--out-dir``."""
-    if tensor_set.index is None or options.in_place or options.out_dir is None:
-        return Companions()
-    return with_plain_files(companions(tensor_set, Path(options.out_dir)), tensor_set.index.parent,
-                            Path(options.out_dir))
-
-
-def planned_outputs(tensor_set: TensorSet, options: ClipOptions) -> tuple[dict[Path, Path], list[Path]]:
-    """What a run that is not ``--in-place`` would write: each input (shards, index and
-    the folder's other files it copies) with its output, and every input of the set, for
-    :func:`tclip.work.inputs.check_outputs`."""
-    if tensor_set.index is not None and not tensor_set.files:
-        tensor_set = load_index(tensor_set.index)
-    targets, index_target = _targets(tensor_set, replace(options, dry_run=False))
-    outputs: dict[Path, Path] = {f: t for f, t in targets.items() if t is not None}
-    inputs = list(tensor_set.files)
-    if tensor_set.index is not None:
-        inputs.append(tensor_set.index)
-        if index_target is not None:
-            outputs[tensor_set.index] = index_target
-        for source, target in _companions(tensor_set, options).copies:
-            outputs[source] = target
-            inputs.append(source)
-    return outputs, inputs
-
-
-def clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_address: str | None = None,
-             progress: Callable[[str], Callable[[int], None]] | None = None) -> FileReport:
-    """Clip one tensor set: pass 1 on every file, one plan, pass 2 on every file, the index last.
-
-    Two runs never rewrite one set at once (see :mod:`tclip.formats.locks`): the second fails."""
-    with _run_locks(tensor_set, options):
-        return _clip_set(tensor_set, mode, options, dask_address, progress)
-
-
-def _run_locks(tensor_set: TensorSet, options: ClipOptions) -> Locks:
-    """The locks of a run: in place, every file it replaces (the index, each file of the
-    set); into ``--out-dir``, the index read (shared, where its folder can hold a lock
-    file) and the output folder of a sharded checkpoint. A dry run writes nothing, not
-    even a lock file."""
-    locks = Locks()
-    if options.dry_run:
-        return locks
-    try:
-        if options.in_place:
-            if tensor_set.index is not None:
-                locks.take(RunLock(tensor_set.index))
-            files = tensor_set.files
-            if tensor_set.index is not None and not files and tensor_set.index.name.endswith(INDEX_SUFFIX):
-                files = load_index(tensor_set.index).files
-            for file in sorted(files, key=os.path.realpath):
-                if os.path.lexists(file):  # (a missing one is reported when the set is resolved)
-                    locks.take(RunLock(file))
-        elif tensor_set.index is not None and options.out_dir is not None:
-            locks.take(RunLock(tensor_set.index, shared=True, required=False))
-            if os.path.isdir(options.out_dir):
-                locks.take(RunLock(Path(options.out_dir), folder=True, required=False, doing="written"))
-    except BaseException:
-        locks.release()
-        raise
-    return locks
-
-
-def _clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_address: str | None = None,
-              progress: Callable[[str], Callable[[int], None]] | None = None) -> FileReport:
-    started = time.perf_counter()
-    if isinstance(mode, ValueClip):
-        value_bounds(np.dtype(np.float64), mode.clip_value_min, mode.clip_value_max)
-    tensor_set = resolve(tensor_set)
-    if dask_address is not None:
-        tensor_set = absolute(tensor_set)
-        if options.out_dir is not None:
-            options = replace(options, out_dir=Path(os.path.abspath(options.out_dir)))
-    layout = set_layout(tensor_set)
-    axes = mode.axes if isinstance(mode, NormClip) else None
-    # what a real run writes (a dry run names it, and writes nothing)
-    unplanned: TclipError | None = None
-    try:
-        planned, planned_index = _targets(tensor_set, replace(options, dry_run=False))
-    except TclipError as error:
-        if not options.dry_run:
-            raise
-        # a dry run still measures (the global norm), and says the real run needs an output
-        unplanned, planned, planned_index = error, {f: None for f in tensor_set.files}, None
-    targets: dict[Path, Path | None] = {f: None for f in planned} if options.dry_run else planned
-    index_target = None if options.dry_run else planned_index
-    others = _companions(tensor_set, options) if unplanned is None else Companions()
-    if not options.in_place and not options.dry_run:
-        check_outputs(*planned_outputs(tensor_set, options))
-    overwrite = options.overwrite or options.in_place
-    if not overwrite and not options.dry_run:
-        for out in [*targets.values(), index_target, *(t for _, t in others.copies)]:
-            if out is not None and os.path.lexists(out):
-                raise OutputExistsError(("output already exists; pass ", Option.FORCE, " to replace it"), out)
-    journal = journal_path(tensor_set) if options.in_place and tensor_set.index is not None else None
-    if IN_PROGRESS_KEY in tensor_set.metadata:
-        # A half-clipped checkpoint: clipping it anew would take the norm of a mix.
-        if journal is None:
-            raise TclipError(("an in-place run was interrupted here and some shards may be clipped and others "
-                              "not; finish it by rerunning that command (with ", Option.IN_PLACE, "), or restore the "
-                              "checkpoint"), tensor_set.index)
-        if not journal.exists():
-            raise TclipError(f"the index says an in-place run was interrupted, but its journal ({journal.name}) "
-                             "is missing; restore the checkpoint from a copy", tensor_set.index)
-    resumed = read_journal(journal, tensor_set, mode, options, record=not options.dry_run) if journal is not None else None
-    if options.dry_run:
-        journal = None  # a dry run shows what a resumed run would do, and writes nothing
-    files = tensor_set.files
-    pool = TaskPool(options.budget, len(files), dask_address)
-    written: dict[Path, tuple[int, int, int]] = {}  # what this run wrote (not in place), by identity
-    fresh: set[Path] = set()  # its outputs where nothing was before (--force replaces, never restores)
-    created: list[Path] = []
-    try:
-        def file_progress(file: Path) -> Callable[[int], None] | None:
-            return progress(str(file)) if progress is not None and pool.local else None
-
-        done = set(resumed["done"]) if resumed is not None else set()
-        todo = [f for f in files if f not in done]
-        selections = {f: _selection_for(tensor_set, f, options.selection, layout) for f in files}
-        stats = pool.map(stats_task, [((str(f), selections[f], axes, pool.task_budget),
-                                         {"progress": file_progress(f), "layout": layout}) for f in todo])
-        report = _set_report(tensor_set, stats, mode, layout)
-        report.dry_run = options.dry_run
-        if options.dry_run and unplanned is None:
-            _would_write(report, options, [(f, planned[f]) for f in todo], planned_index, others.copies)
-        elif unplanned is not None:
-            report.warnings.append(Note(NoteKind.NO_OUTPUT, ("a real run would fail: ", *unplanned.message)
-                                        if isinstance(unplanned.message, tuple) else
-                                        f"a real run would fail: {unplanned.message}"))
-        report.not_copied = [{"name": name, "reason": why} for name, why in others.left]
-        if stats:
-            entries = [t for s in stats for t in _listed(tensor_set, s.path, s.tensors, layout)]
-            report.warnings += check_selection(entries, logical_names(tensor_set.names, layout), mode, options,
-                                               tensor_set.name, "set")
-            report.warnings += quantized_notes(stats)
-        check_nonfinite(report, options, tensor_set.name)
-        check_norm_overflow(report, options, tensor_set.name)
-        if resumed is not None:
-            # The finished shards are clipped already: the global norm is the one recorded.
-            if isinstance(mode, GlobalNormClip) and mode.use_norm is None:
-                mode = GlobalNormClip(mode.clip_norm, resumed["global_norm"])
-            report.warnings.append(Note(NoteKind.RESUMED, f"resumed an unfinished run: {len(done)} of {len(files)} "
-                                                          "shard(s) were clipped by it already"))
-        plan = make_plan(mode, stats)
-        for file_stats in stats:  # shards keep their format: bytes shared by tensors are written once
-            check_tied(file_stats, plan.work[file_stats.path], mode.name)
-        check_quantized_plan(plan, stats, tensor_set.name)
-        if not options.dry_run:
-            for file_stats in stats:  # nothing is written when a file is not the one measured
-                check_same(file_stats.path, file_stats.identity)
-        may_miss = rescales_that_may_miss(plan, stats) if len(todo) > 1 and not options.dry_run else {}
-        if may_miss:  # where a rescale may miss its factor, check it before any file is written
-            pool.map(rewrite_task, [((path, work, None, axes, False, pool.task_budget, options.drop_nonnumeric),
-                                     {"layout": layout}) for path, work in may_miss.items()])
-        if journal is not None and resumed is None:
-            write_journal(journal, tensor_set, mode, options, stats, plan)
-            for f in files:  # a marker left by a run given up on (restored, journal removed) means nothing now
-                commit_marker(f).unlink(missing_ok=True)
-            mark_index(tensor_set, journal)
-        if not options.dry_run and not options.in_place:
-            created = _make_folders([targets[f] for f in todo], index_target,
-                                    None if options.out_dir is None else Path(options.out_dir))
-            fresh = {t for t in [*(targets[f] for f in todo), index_target, *(t for _, t in others.copies)]
-                     if t is not None and not os.path.lexists(t)}
-        calls, order = [], []
-        for f, s in zip(todo, stats):
-            target = targets[f]
-            # In place, a task leaves a commit marker just before its rename: run again
-            # (Dask's retry), it finds its shard done; resumed after a crash, so does the run.
-            marker = {"commit_marker": str(commit_marker(f))} if options.in_place and not options.dry_run else {}
-            calls.append(((str(f), plan.work[s.path], None if target is None else str(target), axes,
-                           overwrite or not pool.local, pool.task_budget, options.drop_nonnumeric),
-                          {"progress": file_progress(f), "layout": layout, "expect": s.identity, **marker}))
-            order.append(f)
-        results = _rewrite_all(pool, calls, order, journal, tensor_set, None if options.in_place else written)
-        rewrites = {r.path: r for r in results}
-        _finish_set_report(report, stats, plan, rewrites, targets)
-        if plan.global_norm is not None:
-            report.global_norm = plan.global_norm
-        if index_target is not None and not options.in_place:
-            copy_companions(others.copies, overwrite, written)
-            report.copied = [source.name for source, _ in others.copies]
-        if index_target is not None:
-            identity = write_index(tensor_set, index_target, [targets[f] for f in files], overwrite=overwrite)
-            if identity is not None and not options.in_place:
-                written[index_target] = identity
-            report.output = str(index_target)
-            if journal is not None:
-                journal.unlink(missing_ok=True)
-                for f in files:  # a marker a crash left beside a shard the journal had recorded
-                    commit_marker(f).unlink(missing_ok=True)
-    except BaseException:
-        pool.close()  # every task has stopped: what it wrote can go
-        _remove_written({path: mine for path, mine in written.items() if path in fresh}, created)
-        raise
-    finally:
-        pool.close()
-    report.elapsed_s = time.perf_counter() - started
-    return report
-
-
-def _would_write(report: FileReport, options: ClipOptions, outputs: list[tuple[Path, Path | None]],
-                 index_target: Path | None, copies: list[tuple[Path, Path]]) -> None:
-    """A dry run's account of what the real run would write: each file's output (the
-    shards a resumed run has still to do), the folder's other files it would copy and
-    the index, each saying whether it exists."""
-    report.in_place, report.overwrite = options.in_place, options.overwrite
-    report.would_write_files = [{"file": str(f), "output": str(t), "exists": os.path.lexists(t)}
-                                for f, t in outputs if t is not None]
-    report.would_copy = [{"file": str(f), "output": str(t), "exists": os.path.lexists(t)} for f, t in copies]
-    if index_target is not None:
-        report.would_write, report.output_exists = str(index_target), os.path.lexists(index_target)
-
-
-def _make_folders(targets: list[Path | None], index_target: Path | None, out_dir: Path | None) -> list[Path]:
-    """The folders the outputs go into (shards in a subfolder of the index's folder keep
-    it), created; those this run made, innermost first. A subfolder of ``out_dir`` that
-    is a symlink is refused: the shards would land wherever it points."""
-    created: list[Path] = []
-    folders = list(dict.fromkeys(t.parent for t in [*targets, index_target] if t is not None))
-    for target in folders:
-        if out_dir is None or not target.is_relative_to(out_dir):
-            continue
-        step = Path(out_dir)
-        for part in target.relative_to(out_dir).parts:
-            step = step / part
-            if os.path.islink(step):
-                raise TclipError("is a symbolic link inside the output folder; shards are written only into "
-                                 "folders tclip makes or finds there", step)
-    for target in folders:
-        missing = []
-        folder = target
-        while not os.path.lexists(folder) and folder != folder.parent:
-            missing.append(folder)
-            folder = folder.parent
-        try:
-            target.mkdir(parents=True, exist_ok=True)
-        except OSError as error:
-            _remove_written({}, created)
-            raise TclipError(f"cannot create the output folder ({error.strerror or error})", target) from None
-        created += missing
-    return created
-
-
-def _remove_written(written: dict[Path, tuple[int, int, int]], created: list[Path]) -> None:
-    """After a failed run (not in place), the outputs it wrote where nothing was before and
-    the folders it made (when empty): the output folder is as it was. Each file goes only
-    while it is the file this run wrote (by identity): one another run put at that name
-    meanwhile stays. A kill leaves them (README)."""
-    for path, identity in written.items():
-        remove_if_same(path, identity)
-    for folder in created:
-        try:
-            folder.rmdir()
-        except OSError:
-            pass
-
-
-def _rewrite_all(pool: TaskPool, calls: list, order: list[Path], journal: Path | None, tensor_set: TensorSet,
-                 written: dict[Path, tuple[int, int, int]] | None) -> list[RewriteResult]:
-    """Pass 2 on every file. In place, every shard that is replaced is written down in the
-    journal as soon as it is, even when the run stops (an error, Ctrl-C) while other shards
-    are being written; into new files, what each task wrote goes into ``written`` (a failed
-    run removes those, and only those)."""
-    futures = {pool.executor.submit(rewrite_task, *args, **kwargs): (file, kwargs.get("commit_marker"))
-               for (args, kwargs), file in zip(calls, order)}
-    results: dict[Path, RewriteResult] = {}
-
-    def finished(future: Future) -> None:
-        file, marker = futures[future]
-        result = results[file] = future.result()
-        if journal is not None:
-            journal_done(journal, tensor_set, file)
-        elif marker is not None:
-            Path(marker).unlink(missing_ok=True)
-        if written is not None and result.written is not None and result.output is not None:
-            written[Path(result.output)] = result.written
-
-    try:
-        for future in as_completed(futures):
-            finished(future)
-    except BaseException:
-        for future in futures:
-            future.cancel()
-        wait(list(futures))
-        for future, (file, _) in futures.items():
-            if file not in results and future.done() and not future.cancelled() and future.exception() is None:
-                finished(future)
-        raise
-    return [results[f] for f in order]
-
-
 def _listed(tensor_set: TensorSet, file: str, tensors: list[Any], layout: QuantLayout | None = None) -> list[Any]:
     """The tensors (entries or report lines) of ``file`` that are the set's: with an index,
     those it maps to the file (a shard's other tensors are not the set's), and the quantized
@@ -590,61 +241,17 @@ def _listed(tensor_set: TensorSet, file: str, tensors: list[Any], layout: QuantL
     return [t for t in tensors if t.name in allowed or t.name in owned]
 
 
-def _set_report(tensor_set: TensorSet, stats: list[FileStats], mode: Any,
-                layout: QuantLayout | None = None) -> FileReport:
-    report = FileReport(file=tensor_set.name, mode=mode.name, params=mode_params(mode),
-                        format=stats[0].format if stats else None)
-    for s in stats:
-        part = start_report(s, mode.name, {})
-        report.tensors += _listed(tensor_set, s.path, part.tensors, layout)
-        report.others += part.others
-        report.bytes_read += part.bytes_read
-    report.members = [{"file": s.path, "output": None} for s in stats]
-    return report
-
-
-def _finish_set_report(report: FileReport, stats: list[FileStats], plan: Plan, rewrites: dict[str, RewriteResult],
-                       targets: dict[Path, Path | None]) -> None:
-    by_name = {t.name: t for t in report.tensors}
-    for s in stats:
-        part = FileReport(file=s.path, mode=report.mode)
-        part.tensors = [by_name[t.name] for t in s.tensors if t.name in by_name]
-        _measure_owned(s, rewrites.get(s.path), targets[Path(s.path)])
-        finish_report(part, s, plan, rewrites.get(s.path))
-        report.bytes_read += rewrites[s.path].bytes_read if s.path in rewrites else 0
-        report.bytes_written += rewrites[s.path].bytes_written if s.path in rewrites else 0
-        report.warnings += rewrites[s.path].warnings if s.path in rewrites else []
-    note = flush_note(report.tensors)  # one line for the set (each part's own went with the part)
-    if note is not None:
-        report.warnings.append(note)
-    before, after = global_norms([t for t in report.tensors if t.skipped is None])
-    report.global_norm = plan.global_norm if plan.global_norm is not None else before
-    if after is not None:
-        report.global_norm_after = after
-    report.members = [{"file": s.path, "output": None if targets[Path(s.path)] is None else str(targets[Path(s.path)]),
-                       "bytes_written": rewrites[s.path].bytes_written if s.path in rewrites else 0}
-                      for s in stats]
-
-
-def _measure_owned(stats: FileStats, rewrite: RewriteResult | None, target: Path | None) -> None:
-    """Views of a shard overlapping partly: their part of the global norm after, read from the output."""
-    if rewrite is None or not stats.shared.groups or target is None or not rewrite.measured:
-        return
-    with open_logical(target) as written:
-        if written.format_name == stats.format:
-            rewrite.owned, extra = owned_sums(written, stats.shared)
-            rewrite.bytes_read += extra
-
-
-def report_set(tensor_set: TensorSet, selection: Selection, order: str, axes: Any, moments: bool, budget: Budget,
+def report_set(tensor_set: TensorSet, selection: Selection, order: str, axes: Axes, moments: bool, budget: Budget,
                progress: Callable[[str], Callable[[int], None]] | None = None,
                dask_address: str | None = None, max_norm: float | None = None) -> FileReport:
-    """The read-only report of a set: every tensor of every file, one global norm."""
+    """The read-only report of a set: every tensor of every file, one global norm. A set of
+    one loose file reports as that file (its name and metadata, no ``files`` list)."""
     started = time.perf_counter()
-    tensor_set = resolve(tensor_set)
+    one = alone(tensor_set)
+    tensor_set = tensor_set if one else resolve(tensor_set)  # (one file: its reader says what is wrong)
     if dask_address is not None:
         tensor_set = absolute(tensor_set)
-    layout = set_layout(tensor_set)
+    layout = None if one else set_layout(tensor_set)
     pool = TaskPool(budget, len(tensor_set.files), dask_address)
     try:
         stats = pool.map(stats_task, [((str(f), _selection_for(tensor_set, f, selection, layout), axes,
@@ -655,22 +262,14 @@ def report_set(tensor_set: TensorSet, selection: Selection, order: str, axes: An
                                         for f in tensor_set.files])
     finally:
         pool.close()
-    merged = FileStats(tensor_set.name, stats[0].format if stats else "", sum(s.size_bytes for s in stats),
-                       [t for s in stats for t in _listed(tensor_set, s.path, s.tensors, layout)],
-                       {k: v for s in stats for k, v in s.stats.items()},
-                       [o for s in stats for o in s.others], tensor_set.metadata,
-                       sum(s.bytes_read for s in stats),
-                       findings={k: v for s in stats for k, v in s.findings.items()},
-                       unmeasured_others=[n for s in stats for n in s.unmeasured_others],
-                       shared=SharedElements.merged([s.shared for s in stats]),
-                       owned={k: v for s in stats for k, v in s.owned.items()})
     params: dict[str, Any] = {"ord": order}
     if axes is not None:
         params["axes"] = list(axes)
     if max_norm is not None:
         params["max_norm"] = max_norm
-    report = report_from_stats(merged, order, params, selection)
-    report.members = [{"file": s.path, "output": None} for s in stats]
+    report = report_from_stats(stats[0] if one else _merged(tensor_set, stats, layout), order, params, selection)
+    if not one:
+        report.members = [{"file": s.path, "output": None} for s in stats]
     if IN_PROGRESS_KEY in tensor_set.metadata:
         report.warnings.append(Note(NoteKind.INTERRUPTED, ("an in-place run was interrupted here: some shards may be "
                                                            "clipped and others not (rerun it with ", Option.IN_PLACE,
@@ -679,9 +278,57 @@ def report_set(tensor_set: TensorSet, selection: Selection, order: str, axes: An
     return report
 
 
-def index_info(path: Path) -> InfoReport:
-    """The headers of every shard an index names, as one info report (no tensor data read)."""
-    tensor_set = resolve(TensorSet(str(path), [], Path(path)))
+def _merged(tensor_set: TensorSet, stats: list[FileStats], layout: QuantLayout | None) -> FileStats:
+    """Pass 1 of every file of a set, as the statistics of one file."""
+    return FileStats(tensor_set.name, stats[0].format if stats else "", sum(s.size_bytes for s in stats),
+                     [t for s in stats for t in _listed(tensor_set, s.path, s.tensors, layout)],
+                     {k: v for s in stats for k, v in s.stats.items()},
+                     [o for s in stats for o in s.others], tensor_set.metadata,
+                     sum(s.bytes_read for s in stats),
+                     findings={k: v for s in stats for k, v in s.findings.items()},
+                     unmeasured_others=[n for s in stats for n in s.unmeasured_others],
+                     shared=SharedElements.merged([s.shared for s in stats]),
+                     owned={k: v for s in stats for k, v in s.owned.items()})
+
+
+def report_file(path: Path | str, *, axes: AxesLike = None, ord: str = "2", selection: Selection | None = None,
+                block_bytes: int | None = None, progress: Progress | None = None, moments: bool = False,
+                memory: int = Budget.memory, threads: int = 0, max_norm: float | None = None) -> FileReport:
+    """Read a file and report the norms and statistics of its tensors; writes nothing:
+    :func:`report_set` on the set of that one file.
+
+    Args:
+        path: the file.
+        axes: also compute slice norms along these axes (tensors whose rank
+            cannot take them are reported whole, with the reason).
+        ord: the norm reported: "2" (L2), "1" or "inf" (largest |x|).
+        selection: include/exclude globs.
+        moments: also mean, std, zeros and a log2-magnitude histogram.
+        max_norm: the limit a gate will check (see :func:`tclip.work.gate.apply_gate`):
+            with ``axes``, each tensor then counts its slices above it.
+
+    Returns:
+        A :class:`FileReport` with mode "report"; ``global_norm`` is of that order
+        over the floating tensors reported.
+    """
+    path = Path(path)
+    return report_set(TensorSet(str(path), [path]), selection or Selection(), ord, parse_axes(axes), moments,
+                      Budget(memory, threads, block_bytes), None if progress is None else (lambda _: progress),
+                      max_norm=max_norm)
+
+
+def as_set(path: Path) -> TensorSet:
+    """The set an input stands for: an index's (or a GGUF split set's), else the set of that one file."""
+    return TensorSet(str(path), [], Path(path)) if is_index(path) else TensorSet(str(path), [Path(path)])
+
+
+def set_info(tensor_set: TensorSet) -> InfoReport:
+    """Names, shapes, dtypes, sizes and metadata from the headers alone (no tensor data read):
+    a set of one loose file is that file's info; a set of many lists its files."""
+    if alone(tensor_set):
+        return _header_info(tensor_set.files[0])
+    path = tensor_set.index if tensor_set.index is not None else tensor_set.files[0]
+    tensor_set = resolve(tensor_set)
     layout = set_layout(tensor_set)
     tensors, others = [], []
     size = path.stat().st_size if tensor_set.index is not None else 0  # (a GGUF split set has no index)
@@ -689,7 +336,7 @@ def index_info(path: Path) -> InfoReport:
     base = tensor_set.index.parent if tensor_set.index is not None else tensor_set.files[0].parent
     names = {file: file.relative_to(base).as_posix() for file in tensor_set.files}
     for file in tensor_set.files:
-        info = file_info(file, layout if layout else None)
+        info = _header_info(file, layout if layout else None)
         fmt = info.format
         size += info.size_bytes
         allowed = (tensor_set.allow[file] | frozenset(layout.owned_by(str(file)))) \
@@ -701,3 +348,34 @@ def index_info(path: Path) -> InfoReport:
     kind = "index" if tensor_set.index is not None else "split set"
     return InfoReport(str(path), f"{fmt} {kind}", size, tensors, metadata, others,
                       files=[names[f] for f in tensor_set.files])
+
+
+def index_info(path: Path) -> InfoReport:
+    """The headers of every shard an index names, as one info report: :func:`set_info`."""
+    return set_info(TensorSet(str(path), [], Path(path)))
+
+
+def file_info(path: Path | str, layout: QuantLayout | None = None) -> InfoReport:
+    """Names, shapes, dtypes, sizes and metadata from the header alone: :func:`set_info` on
+    the set of that one file (``layout``: the quantized weights of a set it is part of)."""
+    path = Path(path)
+    return set_info(TensorSet(str(path), [path])) if layout is None else _header_info(path, layout)
+
+
+def _header_info(path: Path, layout: QuantLayout | None = None) -> InfoReport:
+    """One file's header as an info report; a quantized weight is one tensor of its real shape,
+    its scheme shown as its dtype (``layout``: of its set)."""
+    with open_logical(path, layout, None if layout is None else str(path)) as reader:
+        tensors = [InfoTensor(t.name, list(t.shape), t.dtype, t.nbytes, dict(t.attrs), t.refused, t.dtype_label,
+                              None if t.encoding is None else t.encoding.summary, t.role)
+                   for t in reader.tensors.values()]
+        shared = reader.shared_elements(list(reader.tensors))  # parameters: each stored element once
+        for t in tensors:
+            t.tied_to, t.part_of, t.stored = shared.tied.get(t.name), shared.part_of.get(t.name), \
+                shared.owned.get(t.name)
+        others = [OtherReport.of(o) for o in reader.others]
+        info = InfoReport(str(path), reader.format_name, path.stat().st_size, tensors, dict(reader.metadata), others,
+                          [list(names) for names in reader.shared_storage()])
+        if reader.damage is not None:  # the header is all info reads: list it, and say what is missing
+            info.warnings.append(Note(NoteKind.DATA_MISSING, f"{reader.damage}: only the header can be listed"))
+        return info
