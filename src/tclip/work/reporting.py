@@ -135,7 +135,7 @@ def finish_report(report: FileReport, stats: FileStats, plan: Plan, rewrite: Rew
 def flush_note(tensors: list[TensorReport]) -> Note | None:
     """The warning that scaling 16- or 8-bit floats made non-zero values zero: the tensors,
     most values lost first, each with how many of its values."""
-    hit = sorted((t for t in tensors if t.flushed_to_zero), key=lambda t: -t.flushed_to_zero)  # type: ignore[operator]
+    hit = sorted((t for t in tensors if t.flushed_to_zero), key=lambda t: -(t.flushed_to_zero or 0))
     if not hit:
         return None
     parts = [f"{t.name} ({t.flushed_to_zero:,} of {t.numel:,} values, {t.dtype_text})" for t in hit[:3]]
@@ -148,10 +148,10 @@ def global_norms(picked: list[TensorReport]) -> tuple[float, float | None]:
     """The global norm of the tensors worked on, before and after (None: not measured), from
     their norms (their sums of squares were added exactly, the norms are summed with fsum)."""
     before = math.sqrt(math.fsum((t.counted() or 0.0) ** 2 for t in picked)) if picked else 0.0
-    after = [t.counted(after=True) for t in picked]
-    if not all(a is not None for a in after):
+    after = [a for a in (t.counted(after=True) for t in picked) if a is not None]
+    if len(after) != len(picked):
         return before, None
-    return before, math.sqrt(math.fsum(a ** 2 for a in after)) if picked else 0.0  # type: ignore[operator]
+    return before, math.sqrt(math.fsum(a ** 2 for a in after)) if picked else 0.0
 
 
 def report_from_stats(stats: FileStats, ord: str, params: dict[str, object],
