@@ -13,18 +13,13 @@ import h5py
 import ml_dtypes
 import numpy as np
 import pytest
-from click.testing import CliRunner
-from formats_helpers import read_all, safetensors_bytes
+from support.formats_helpers import read_all, safetensors_bytes
+from support.cli import run
 from safetensors.numpy import load_file
 
 import tclip
 from tclip.cli import cli
 from tclip.formats import open_reader
-
-
-def run(*args: str, env: dict | None = None):
-    result = CliRunner().invoke(cli, [str(a) for a in args], env=env)
-    return result
 
 
 @pytest.fixture

@@ -9,9 +9,9 @@ import h5py
 import ml_dtypes
 import numpy as np
 import pytest
-from click.testing import CliRunner
-from formats_helpers import safetensors_bytes
-from helpers import PickleTrap
+from support.formats_helpers import safetensors_bytes
+from support.helpers import PickleTrap
+from support.cli import run
 
 from tclip.cli import cli
 from tclip.core.units import UNIT_ELEMENTS
@@ -24,10 +24,6 @@ TENSORS = {
     "model.norm.b": RNG.standard_normal(20).astype(np.float64),
     "step": np.array([7], np.int64),  # (the safetensors library writes a 0-d tensor as shape [1])
 }
-
-
-def run(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
 
 
 def st(path, tensors):

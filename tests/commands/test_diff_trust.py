@@ -10,17 +10,13 @@ import re
 import h5py
 import numpy as np
 import pytest
-from click.testing import CliRunner
-from formats_helpers import safetensors_bytes
+from support.formats_helpers import safetensors_bytes
+from support.cli import run80 as run
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tclip.cli import cli
 from tclip.diff import apply_mapping, parse_mapping
-
-
-def run(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args], env={"COLUMNS": "80"})
 
 
 def write_st(path, tensors, metadata=None):

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
-from formats_helpers import safetensors_bytes
+from support.formats_helpers import safetensors_bytes
+from support.cli import run
 from rich.console import Console
 
 from tclip.cli import cli
@@ -25,10 +25,6 @@ from tclip.diff import diff_files
 from tclip.work.clip import file_info
 
 NAMES = [f"model.layers.{i}.self_attn.{p}_proj.weight" for i in range(3) for p in "qkv"] + ["lm_head.weight"]
-
-
-def run(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
 
 
 def tensors(seed: int = 0) -> dict[str, np.ndarray]:

@@ -12,16 +12,12 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from click.testing import CliRunner
-from formats_helpers import safetensors_bytes
+from support.formats_helpers import safetensors_bytes
+from support.cli import run80 as run
 
 from tclip.cli import cli
 
 LAYERS = 32
-
-
-def run(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args], env={"COLUMNS": "80"})
 
 
 def llama(path: Path, layers: int = LAYERS, norm_value: float = 1.0) -> Path:

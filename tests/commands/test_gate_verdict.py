@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
-from formats_helpers import safetensors_bytes
+from support.formats_helpers import safetensors_bytes
+from support.cli import run
 
 from tclip.cli import cli
 from tclip.pipeline import report_file
@@ -20,10 +20,6 @@ from tclip.pipeline import report_file
 K = "model.layers.17.self_attn.k_proj.weight"
 Q = "model.layers.17.self_attn.q_proj.weight"
 NORM = "model.layers.17.input_layernorm.weight"
-
-
-def run(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
 
 
 def write(path: Path, tensors: dict[str, np.ndarray]) -> Path:

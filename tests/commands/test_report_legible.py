@@ -14,34 +14,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
-from formats_helpers import safetensors_bytes
+import support
+from support.formats_helpers import safetensors_bytes
+from support.llama import llama_names, llama_tensors
+from support.cli import run
 
 from tclip.cli import cli
 from tclip.text import natural_key
-
-PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
-               "mlp.up_proj", "mlp.down_proj")
-
-
-def llama_names(layers: int = 24) -> list[str]:
-    """A Llama's 219 tensor names (24 layers of 9, the embedding, the final norm, the head)."""
-    names = ["model.embed_tokens.weight"]
-    for i in range(layers):
-        names += [f"model.layers.{i}.{p}.weight" for p in PROJECTIONS]
-        names += [f"model.layers.{i}.input_layernorm.weight", f"model.layers.{i}.post_attention_layernorm.weight"]
-    return names + ["model.norm.weight", "lm_head.weight"]
-
-
-def llama_tensors(seed: int = 0, dtype=np.float32, dim: int = 8) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return {n: (rng.standard_normal((dim,) if "norm" in n else (dim, dim)) * 0.01).astype(dtype)
-            for n in llama_names()}
-
-
-def run(*args, env=None):
-    return CliRunner().invoke(cli, [str(a) for a in args], env=env)
-
 
 def tclip_process(*args, env=None, **kwargs):
     full = {**os.environ, **(env or {})}
@@ -303,7 +282,7 @@ def flushing_tensors(dtype) -> dict[str, np.ndarray]:
 
 
 def read_safetensors(path: Path) -> dict[str, np.ndarray]:
-    from formats_helpers import read_all
+    from support.formats_helpers import read_all
 
     return read_all(path)
 
@@ -556,7 +535,7 @@ def test_readme_first_example_runs_twice_and_prints_what_readme_shows(tmp_path, 
     import shlex
     import shutil
 
-    root = Path(__file__).resolve().parent.parent
+    root = support.ROOT
     readme = (root / "README.md").read_text()
     command = next(line for line in readme.splitlines() if line.startswith("    pip install . && tclip "))
     args = shlex.split(command.split("&& tclip ", 1)[1])

@@ -14,8 +14,9 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from click.testing import CliRunner
-from formats_helpers import safetensors_bytes
+import support
+from support.formats_helpers import safetensors_bytes
+from support.cli import run
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from rich.console import Console
@@ -31,10 +32,6 @@ LLAMA = [f"model.layers.{i}.self_attn.{p}_proj.weight" for i in (2, 10, 17) for 
 T5 = ["encoder.block.1.layer.0.SelfAttention.q.weight", "encoder.block.11.layer.0.SelfAttention.q.weight",
       "encoder.block.1.layer.1.DenseReluDense.wi.weight", "encoder.block.11.layer.1.DenseReluDense.wi.weight"]
 SHORT = ["enc.layer0.weight", "enc.layer1.weight"]
-
-
-def run(*args, env=None):
-    return CliRunner().invoke(cli, [str(a) for a in args], env=env)
 
 
 def tclip_process(*args, **kwargs):
@@ -329,7 +326,7 @@ def test_shell_completion_completes_file_names():
 
 
 def test_sample_files_are_rebuilt_identically(tmp_path):
-    samples = Path(__file__).parents[1] / "samples"
+    samples = support.ROOT / "samples"
     before = {p.name: p.read_bytes() for p in samples.glob("grads.*")}
     subprocess.run([sys.executable, str(samples / "make_samples.py")], check=True, capture_output=True)
     after = {p.name: p.read_bytes() for p in samples.glob("grads.*")}

@@ -8,8 +8,8 @@ import pickle
 import ml_dtypes
 import numpy as np
 import pytest
-from click.testing import CliRunner
-from formats_helpers import safetensors_bytes
+from support.formats_helpers import safetensors_bytes
+from support.cli import run
 
 from tclip import messages
 from tclip.cli import cli
@@ -22,10 +22,6 @@ from tclip.work.results import Note, NoteKind
 from tclip.work.selection import SkipKind, select
 
 RNG = np.random.default_rng(19)
-
-
-def run(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
 
 
 @pytest.fixture

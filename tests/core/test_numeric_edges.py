@@ -8,13 +8,9 @@ import warnings
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
+from support.cli import run
 from tclip.cli import cli
-
-
-def run(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
 
 
 HUGE = {"model.layers.0.mlp.down_proj.weight": np.array([[3e200, 1.0], [1.0, 2.0]]),

@@ -9,7 +9,7 @@ import re
 import ml_dtypes
 import numpy as np
 import pytest
-from formats_helpers import read_all, safetensors_bytes
+from support.formats_helpers import read_all, safetensors_bytes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import correctly_rounded, ulp_distance
+from support.helpers import correctly_rounded, ulp_distance
 
 import tclip
 

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
-import pathlib
 
 import numpy as np
 import pytest
 
+import support
 import tclip
 
-REFERENCE = pathlib.Path(__file__).parent / "reference" / "tf_reference.npz"
+REFERENCE = support.TESTS / "reference" / "tf_reference.npz"
 
 
 def load_cases() -> list[tuple[str, dict, list[np.ndarray], list[np.ndarray]]]:

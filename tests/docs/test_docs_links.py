@@ -9,8 +9,9 @@ import re
 from pathlib import Path
 
 import pytest
+import support
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = support.ROOT
 PAGES = [ROOT / "README.md", ROOT / "CHANGES.md", ROOT / "benchmarks" / "RESULTS.md",
          *sorted((ROOT / "docs").glob("*.md"))]
 LINK = re.compile(r"\]\(([^)\s]+)\)")

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
+import support
 from tclip.formats.registry import FORMATS
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
-PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
+PYPROJECT = support.ROOT / "pyproject.toml"
 
 
 def test_the_description_names_every_format():

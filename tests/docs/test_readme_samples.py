@@ -17,8 +17,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import support
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = support.ROOT
 README = (ROOT / "README.md").read_text()
 DOCS = {"README.md": README, "docs/commands.md": (ROOT / "docs" / "commands.md").read_text()}
 BLOCK = re.compile(r"^    \$ tclip (?P<args>.+)\n(?P<out>(?:    (?!\$ ).*\n)*)(?:    \$ echo \$\?\n    (?P<rc>\d+)\n)?",

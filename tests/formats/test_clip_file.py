@@ -8,7 +8,7 @@ import h5py
 import ml_dtypes
 import numpy as np
 import pytest
-from formats_helpers import read_all, safetensors_bytes
+from support.formats_helpers import read_all, safetensors_bytes
 from rich.console import Console
 
 import tclip

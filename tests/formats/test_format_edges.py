@@ -12,8 +12,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from click.testing import CliRunner
-from formats_helpers import safetensors_bytes
+from support.formats_helpers import safetensors_bytes
+from support.cli import run
 
 from tclip.cli import cli
 from tclip.errors import FormatError
@@ -21,10 +21,6 @@ from tclip.formats import open_reader
 from tclip.formats._io import copy_range, file_holes
 
 RNG = np.random.default_rng(2120)
-
-
-def run(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
 
 
 def listing(folder: Path) -> list[str]:

@@ -10,7 +10,8 @@ import sys
 
 import numpy as np
 import pytest
-import toy_format
+from support import toy_format
+from support.cli import run
 from click.testing import CliRunner
 
 import tclip
@@ -18,10 +19,6 @@ from tclip.cli import cli
 from tclip.formats import registry
 
 RNG = np.random.default_rng(7)
-
-
-def run(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import h5py
 import ml_dtypes
 import numpy as np
 import pytest
-from formats_helpers import read_all, rewrite, safetensors_bytes
+from support.formats_helpers import read_all, rewrite, safetensors_bytes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp

@@ -15,9 +15,9 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-import torch_helpers
-from click.testing import CliRunner
-from formats_helpers import read_all, safetensors_bytes
+from support import torch_helpers
+from support.formats_helpers import read_all, safetensors_bytes
+from support.cli import run
 
 from tclip.cli import cli
 from tclip.formats import open_reader
@@ -25,10 +25,6 @@ from tclip.formats.atomic import AtomicOutput
 
 RNG = np.random.default_rng(55)
 NUMPY_DATA = Path(np.__file__).parent / "lib" / "tests" / "data"
-
-
-def run(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
 
 
 def tclip_process(*args, **kwargs):

@@ -9,12 +9,12 @@ import json
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
+import support
+from support.cli import run
 from tclip.cli import cli
 
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch writes the training run")
@@ -22,14 +22,10 @@ BETA2 = float(np.float32(0.95))  # as torch's float32 kernels multiply by it
 SPIKE_STEP, STEPS, FROZEN_UNTIL = 7, 12, 4
 
 
-def run(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
-
-
 @pytest.fixture(scope="module")
 def training(tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
-    script = Path(__file__).parent / "history_run.py"
+    script = support.TESTS / "support" / "history_run.py"
     done = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     return out, json.loads((out / "truth.json").read_text())
@@ -189,7 +185,7 @@ def test_history_options_need_summary():
 
 
 def test_keras_optimizer_variables_are_said_not_read_in_one_line():
-    keras = Path(__file__).parent / "fixtures" / "keras"
+    keras = support.FIXTURES / "keras"
     result = run("report", "--summary", "--of", "grads", keras / "adam.weights.h5", keras / "adam_legacy.h5")
     assert result.exit_code == 0 and result.stdout == ""
     assert result.stderr.count("\n") == 1 and "(Keras)" in result.stderr and "not read for gradients" in result.stderr

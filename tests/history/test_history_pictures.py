@@ -15,10 +15,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 from rich.console import Console
 from safetensors.numpy import save_file
 
+from support.cli import run
 from tclip.cli import cli
 from tclip.cli.render.cells import HIGH, MIDDLE, MISSING, NONFINITE, rgb, shades
 from tclip.cli.render.heatmap import bins, render_heatmap
@@ -29,10 +29,6 @@ SVG = "{http://www.w3.org/2000/svg}"
 LAYERS, STEPS = 12, 6
 SPIKE = ("model.layers.10.mlp.down_proj.weight", 4)   # (tensor, step index): x1000
 NAN = ("model.layers.2.self_attn.k_proj.weight", 3)
-
-
-def run(*args, env=None):
-    return CliRunner().invoke(cli, [str(a) for a in args], env=env)
 
 
 def names() -> list[str]:

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
-from formats_helpers import safetensors_bytes
+from support.formats_helpers import safetensors_bytes
+from support.cli import run
 from hypothesis import given
 from hypothesis import strategies as st
 from rich.console import Console
-from test_legible import llama_tensors
+from support.llama import llama_tensors
 
 from tclip.cli import cli
 from tclip.cli.render.summary import render_across_files
@@ -26,10 +26,6 @@ from tclip.cli.render.table import abbreviate, essential, shorten_names
 from tclip.pipeline import report_file
 
 SPIKE = "model.layers.9.mlp.up_proj.weight"
-
-
-def run(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
 
 
 def write_steps(root: Path, edits: dict[int, dict[str, object]], steps=(100, 200, 300, 400, 500)) -> list[Path]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from fuzz_helpers import CommandServer, flipped, make_seeds, run_case, run_payload, write_references
+from support.fuzz_helpers import CommandServer, flipped, make_seeds, run_case, run_payload, write_references
 
 SEEDS = ["h5-attributes", "h5-chunked-compressed", "h5-chunked-raw", "h5-latest", "h5-many-chunks",
          "h5-latest-indexes", "npy", "npy-fortran", "npz", "npz-deflated", "pt", "pt-crc-off", "safetensors"]

@@ -14,12 +14,13 @@ import sys
 import zipfile
 from pathlib import Path
 
-import gguf_helpers
+import support
+from support import gguf_helpers
 import h5py
 import numpy as np
 import pytest
-import torch_helpers
-from formats_helpers import safetensors_bytes
+from support import torch_helpers
+from support.formats_helpers import safetensors_bytes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -85,7 +86,7 @@ def valid_files(folder: Path) -> dict[str, bytes]:
     return out
 
 
-TORCH_FIXTURES = Path(__file__).parent / "fixtures" / "torch"
+TORCH_FIXTURES = support.FIXTURES / "torch"
 SUFFIX = {"safetensors": ".safetensors", "npz": ".npz", "npz-deflated": ".npz", "npy": ".npy", "h5": ".h5",
           "pt": ".pt", "pt-torch": ".pt", "pt-crc-off": ".pt", "pt-legacy": ".pt", "gguf": ".gguf", "gguf-be": ".gguf"}
 

@@ -9,15 +9,11 @@ import os
 import h5py
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
+from support.cli import run
 from tclip.cli import cli
 
 RNG = np.random.default_rng(14)
-
-
-def run(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
 
 
 def _write(path, array):

@@ -10,7 +10,8 @@ import h5py
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from helpers import PickleTrap
+from support.helpers import PickleTrap
+from support.cli import run
 
 from tclip.cli import cli
 from tclip.cli.words import flag
@@ -18,10 +19,6 @@ from tclip.core.modes import NormClip
 from tclip.errors import OutputExistsError, TclipError
 from tclip.formats import create_writer, open_reader
 from tclip.pipeline import ClipOptions, clip_file
-
-
-def run(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:

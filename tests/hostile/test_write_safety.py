@@ -15,8 +15,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from click.testing import CliRunner
-from formats_helpers import safetensors_bytes
+from support.formats_helpers import safetensors_bytes
+from support.cli import run
 
 from tclip.cli import cli
 from tclip.core.modes import GlobalNormClip, NormClip
@@ -28,10 +28,6 @@ from tclip.tensorset import TensorSet, clip_set
 from tclip.work import sets as tensorset
 
 RNG = np.random.default_rng(21)
-
-
-def run(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:

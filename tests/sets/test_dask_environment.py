@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_sets import sharded
+from support.sets import sharded
 
 pytest.importorskip("dask.distributed")
 

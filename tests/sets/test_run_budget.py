@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from test_sets import run, sharded
+from support.cli import run
+from support.sets import sharded
 
 from tclip.cli.params import MAX_THREADS as CLI_MAX_THREADS
 from tclip.core.kernels import Scratch

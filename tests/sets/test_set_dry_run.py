@@ -7,7 +7,8 @@ import shutil
 
 import numpy as np
 from click.testing import CliRunner
-from test_sets import run, sharded
+from support.cli import run
+from support.sets import sharded
 
 from tclip.cli import cli
 

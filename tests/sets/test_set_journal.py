@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_sets import run, sharded
+from support.cli import run
+from support.sets import sharded
 
 from tclip.core.modes import GlobalNormClip
 from tclip.pipeline import ClipOptions

@@ -10,7 +10,8 @@ import subprocess
 import sys
 
 import pytest
-from test_sets import run, sharded
+from support.cli import run
+from support.sets import sharded
 
 from tclip.core.modes import GlobalNormClip
 from tclip.formats.atomic import write_marker
@@ -80,7 +81,7 @@ def test_a_resumed_run_leaves_no_commit_marker(tmp_path, monkeypatch):
 
 
 def test_a_folder_holding_one_broken_split_set_says_its_error_once(tmp_path):
-    from test_gguf_format import split_set
+    from support.gguf_helpers import split_set
 
     split_set(tmp_path / "model")
     broken = tmp_path / "model" / "llama-3-8b-Q4_K_M-00002-of-00003.gguf"

@@ -8,8 +8,9 @@ import shutil
 
 import numpy as np
 import pytest
-from formats_helpers import read_all, safetensors_bytes
-from test_sets import TENSORS, all_tensors, run, sharded
+from support.formats_helpers import read_all, safetensors_bytes
+from support.cli import run
+from support.sets import TENSORS, all_tensors, sharded
 
 from tclip.core.modes import GlobalNormClip
 from tclip.errors import TclipError

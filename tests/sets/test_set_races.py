@@ -12,8 +12,9 @@ import sys
 
 import numpy as np
 import pytest
-from formats_helpers import read_all, safetensors_bytes
-from test_sets import TENSORS, run, sharded, single
+from support.formats_helpers import read_all, safetensors_bytes
+from support.cli import run
+from support.sets import TENSORS, sharded, single
 
 from tclip.core.modes import GlobalNormClip
 from tclip.errors import TclipError

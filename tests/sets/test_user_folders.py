@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
-from formats_helpers import read_all, safetensors_bytes
-from test_sets import sharded
+from support.formats_helpers import read_all, safetensors_bytes
+from support.cli import run
+from support.sets import sharded
 
 from tclip.cli import cli
 
@@ -73,10 +73,6 @@ TRAINER = textwrap.dedent("""
     torch.save(TrainingArguments(), out / "training_args.bin")
     (out / "trainer_state.json").write_text(json.dumps({"global_step": 100, "log_history": []}))
 """)
-
-
-def run(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
 
 
 def torch_script(script: str, *args) -> None:

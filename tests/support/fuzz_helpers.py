@@ -138,7 +138,7 @@ def _npz(arrays: dict[str, np.ndarray], compressed: bool) -> bytes:
 
 
 def _safetensors(arrays: dict[str, np.ndarray], metadata: dict[str, str]) -> bytes:
-    from formats_helpers import safetensors_bytes
+    from support.formats_helpers import safetensors_bytes
 
     return safetensors_bytes(arrays, metadata=metadata)
 
@@ -249,7 +249,7 @@ def make_seeds(folder: Path) -> dict[str, Seed]:
     data = _safetensors(tensors, {"format": "pt"})
     header = 8 + int.from_bytes(data[:8], "little")
     seeds["safetensors"] = Seed("safetensors", ".safetensors", data, ((0, header),))
-    import torch_helpers  # (beside this file: tests/ is on the path under pytest and when run directly)
+    from support import torch_helpers  # (tests/ is on the path under pytest and when run directly)
 
     # torch's zip layout; with CRC-32s off (all 0, as set_crc32_options(False) writes), damage to the
     # pickle reaches the interpreter instead of failing the pickle's CRC
@@ -471,5 +471,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     sys.exit(main(sys.argv[1:]))

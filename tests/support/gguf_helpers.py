@@ -147,3 +147,41 @@ def random_blocks(ggml_type: int, count: int, rng: np.random.Generator, d: float
         scales = (rng.uniform(0.5, 1.0, count) * size * rng.choice([-1, 1], count)).astype("<f2")
         blocks[:, at:at + 2] = scales.view(np.uint8).reshape(count, 2)
     return blocks.tobytes()
+
+
+# The GGUF files tests in several folders build (moved from tests/formats/gguf/test_gguf_format.py)
+
+# Block scales giving values of about 0.02 (a real model's weights) in every type.
+BLOCK_D = {"Q8_0": 3e-4, "Q4_0": 2.5e-3, "Q4_1": 2.5e-3, "Q5_0": 1.2e-3, "Q5_1": 1.2e-3, "Q2_K": 4e-4, "Q3_K": 4e-4,
+           "Q4_K": 1.2e-4, "Q5_K": 6e-5 * 2, "Q6_K": 7e-5}
+
+
+def blocks_for(type_name: str, rows: int, cols: int, rng: np.random.Generator, order: str = "<") -> bytes:
+    """Random blocks whose values are of about the same size in every type (as a real model's
+    tensors are): the K types' 6-bit sub-scales make their d smaller."""
+    type_id = TYPE_IDS[type_name]
+    elements = BLOCKS[type_id][0]
+    d = BLOCK_D[type_name] if type_name in BLOCK_D else 1.0
+    raw = random_blocks(type_id, rows * cols // elements, rng, d=d, dmin=d / 4)
+    return swap_block_fields(raw, type_id) if order == ">" else raw
+
+
+def split_set(folder: Path, count: int = 3, prefix: str = "llama-3-8b-Q4_K_M", rows: int = 6,
+              cols: int = 512) -> dict[str, tuple[str, bytes]]:
+    """A split set as llama.cpp's gguf-split writes it: PREFIX-0000N-of-0000M.gguf, split.* keys."""
+    folder.mkdir(exist_ok=True)
+    rng = np.random.default_rng(21)
+    made = {}
+    kinds = ["Q4_K", "Q8_0", "Q6_K", "F32"]
+    for number in range(count):
+        tensors = []
+        for layer in range(2):
+            kind = kinds[(number + layer) % len(kinds)]
+            name = f"blk.{2 * number + layer}.ffn_down.weight"
+            raw = blocks_for(kind, rows, cols, rng)
+            tensors.append(Tensor(name, (rows, cols), TYPE_IDS[kind], raw))
+            made[name] = (kind, raw)
+        meta = [("split.no", UINT16, number), ("split.count", UINT16, count),
+                ("split.tensors.count", INT32, 2 * count)]
+        write_gguf(folder / f"{prefix}-{number + 1:05d}-of-{count:05d}.gguf", GgufSpec(metadata=meta, tensors=tensors))
+    return made

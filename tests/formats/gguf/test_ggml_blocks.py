@@ -7,16 +7,16 @@ import hashlib
 import json
 import math
 from fractions import Fraction
-from pathlib import Path
 
-import gguf_helpers as gh
+import support
+from support import gguf_helpers as gh
 import numpy as np
 import pytest
 
 from tclip.core import ggml_blocks as gb
 from tclip.formats._gguf_header import parse_gguf
 
-FIXTURES = Path(__file__).parent / "fixtures" / "gguf"
+FIXTURES = support.FIXTURES / "gguf"
 EXPECTED = json.loads((FIXTURES / "expected.json").read_text())
 QUANT_NAMES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
 ALL_NAMES = ["F32", "F16", "BF16", *QUANT_NAMES]

@@ -11,16 +11,12 @@ import json
 from pathlib import Path
 
 import gguf
-import gguf_helpers as gh
+from support import gguf_helpers as gh
+from support.cli import run
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
 from tclip.cli import cli
-
-
-def run(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
 
 
 def write(path: Path, tensors: dict[str, np.ndarray], keys: list[tuple[str, str, object]] = (),

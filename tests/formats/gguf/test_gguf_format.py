@@ -13,11 +13,12 @@ import math
 import os
 from pathlib import Path
 
-import gguf_helpers as gh
+from support import gguf_helpers as gh
+from support.gguf_helpers import blocks_for, split_set
+from support.cli import run80 as run
 import ml_dtypes
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
 import tclip
 from tclip.cli import cli
@@ -30,30 +31,13 @@ gguf = pytest.importorskip("gguf")
 QUANTIZED = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
 FLOATS = ["F32", "F16", "BF16"]
 ROWS, COLS = 6, 512
-# Block scales giving values of about 0.02 (a real model's weights) in every type.
-D = {"Q8_0": 3e-4, "Q4_0": 2.5e-3, "Q4_1": 2.5e-3, "Q5_0": 1.2e-3, "Q5_1": 1.2e-3, "Q2_K": 4e-4, "Q3_K": 4e-4,
-     "Q4_K": 1.2e-4, "Q5_K": 6e-5 * 2, "Q6_K": 7e-5}
 NAMES = {t: f"blk.{i}.attn_{'qkv'[i % 3]}.weight" for i, t in enumerate(QUANTIZED + FLOATS)}
-
-
-def run(*args, **kwargs):
-    return CliRunner().invoke(cli, [str(a) for a in args], env={"COLUMNS": "80"}, **kwargs)
 
 
 def ok(*args):
     result = run(*args)
     assert result.exit_code == 0, result.output + result.stderr
     return result
-
-
-def blocks_for(type_name: str, rows: int, cols: int, rng: np.random.Generator, order: str = "<") -> bytes:
-    """Random blocks whose values are of about the same size in every type (as a real model's
-    tensors are): the K types' 6-bit sub-scales make their d smaller."""
-    type_id = gh.TYPE_IDS[type_name]
-    elements = gh.BLOCKS[type_id][0]
-    d = D[type_name] if type_name in D else 1.0
-    raw = gh.random_blocks(type_id, rows * cols // elements, rng, d=d, dmin=d / 4)
-    return gh.swap_block_fields(raw, type_id) if order == ">" else raw
 
 
 def reference(type_name: str, raw: bytes, rows: int, order: str = "<") -> np.ndarray:
@@ -427,27 +411,6 @@ def test_diff_gguf_against_safetensors_with_map(tmp_path):
 
 
 # ----------------------------------------------------------------------------- 18.5 split sets
-
-
-def split_set(folder: Path, count: int = 3, prefix: str = "llama-3-8b-Q4_K_M") -> dict[str, tuple[str, bytes]]:
-    """A split set as llama.cpp's gguf-split writes it: PREFIX-0000N-of-0000M.gguf, split.* keys."""
-    folder.mkdir(exist_ok=True)
-    rng = np.random.default_rng(21)
-    made = {}
-    kinds = ["Q4_K", "Q8_0", "Q6_K", "F32"]
-    for number in range(count):
-        tensors = []
-        for layer in range(2):
-            kind = kinds[(number + layer) % len(kinds)]
-            name = f"blk.{2 * number + layer}.ffn_down.weight"
-            raw = blocks_for(kind, ROWS, COLS, rng)
-            tensors.append(gh.Tensor(name, (ROWS, COLS), gh.TYPE_IDS[kind], raw))
-            made[name] = (kind, raw)
-        meta = [("split.no", gh.UINT16, number), ("split.count", gh.UINT16, count),
-                ("split.tensors.count", gh.INT32, 2 * count)]
-        gh.write_gguf(folder / f"{prefix}-{number + 1:05d}-of-{count:05d}.gguf", gh.GgufSpec(metadata=meta,
-                                                                                              tensors=tensors))
-    return made
 
 
 @pytest.mark.parametrize("given", ["llama-3-8b-Q4_K_M-00002-of-00003.gguf", "llama-3-8b-Q4_K_M-*.gguf", "."])

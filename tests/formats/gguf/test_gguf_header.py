@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import struct
 import time
-from pathlib import Path
 
-import gguf_helpers as gh
+import support
+from support import gguf_helpers as gh
 import numpy as np
 import pytest
 from hypothesis import given
@@ -24,7 +24,7 @@ from tclip.formats._gguf_header import (
     read_array,
 )
 
-FIXTURES = Path(__file__).parent / "fixtures" / "gguf"
+FIXTURES = support.FIXTURES / "gguf"
 EXPECTED = json.loads((FIXTURES / "expected.json").read_text())
 SHAPE = (4, 256)
 

@@ -10,15 +10,11 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
+from support.cli import run
 from tclip.cli import cli
 from tclip.errors import FormatError
 from tclip.formats import open_reader
-
-
-def run(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
 
 
 def _data_inside(tmp_path: Path, signature: bytes) -> Path:

@@ -11,19 +11,16 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
+import support
+from support.cli import run80 as run
 from tclip.cli import cli
 
-KERAS = Path(__file__).parent / "fixtures" / "keras"
+KERAS = support.FIXTURES / "keras"
 LAYOUTS = {
     "adam.weights.h5": ("layers/", "optimizer/"),  # Keras 3: model.save_weights
     "adam_legacy.h5": ("model_weights/", "optimizer_weights/"),  # model.save("….h5")
 }
-
-
-def run(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args], env={"COLUMNS": "80"})
 
 
 def datasets(path: Path) -> dict[str, np.ndarray]:

@@ -24,6 +24,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import support
 from tclip.errors import FormatError, TclipError, UnsupportedError
 from tclip.formats._torch_archive import LEGACY_MAGIC, load_torch_archive, read_tensor, sniff_torch
 from tclip.formats._torch_pickle import (
@@ -37,7 +38,7 @@ from tclip.formats._torch_pickle import (
     load_torch_pickle,
 )
 
-FIXTURES = Path(__file__).parent / "fixtures" / "torch"
+FIXTURES = support.FIXTURES / "torch"
 EXPECTED = json.loads((FIXTURES / "expected.json").read_text())
 with np.load(FIXTURES / "expected.npz") as _npz:
     VALUES = {key: _npz[key] for key in _npz.files}

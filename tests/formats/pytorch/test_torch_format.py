@@ -22,7 +22,9 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
-import torch_helpers as th
+import support
+from support import torch_helpers as th
+from support.cli import run
 from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
@@ -34,7 +36,7 @@ from tclip.formats import torch as torch_format
 from tclip.formats._torch_archive import load_torch_archive
 from tclip.formats._torch_pickle import StorageRef, TensorRef
 
-FIXTURES = Path(__file__).parent / "fixtures" / "torch"
+FIXTURES = support.FIXTURES / "torch"
 EXPECTED = json.loads((FIXTURES / "expected.json").read_text())
 with np.load(FIXTURES / "expected.npz") as _npz:
     VALUES = {key: _npz[key] for key in _npz.files}
@@ -42,10 +44,6 @@ READABLE = [name for name in EXPECTED if name != "refused"]
 REFUSED = sorted(EXPECTED["refused"])
 HF_SET = FIXTURES / "hf_set"
 BF16 = np.dtype(ml_dtypes.bfloat16)
-
-
-def run(*args, **kwargs):
-    return CliRunner().invoke(cli, [str(a) for a in args], **kwargs)
 
 
 def ok(*args):

@@ -16,18 +16,14 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
-import torch_helpers as th
-from click.testing import CliRunner
+from support import torch_helpers as th
+from support.cli import run
 
 from tclip.cli import cli
 from tclip.errors import FormatError, UnsupportedError
 from tclip.formats import open_reader
 from tclip.formats._torch_archive import load_torch_archive, read_tensor
 from tclip.formats.limits import names_within
-
-
-def run(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
 
 
 def refused(path: Path, *args, words: str = "") -> str:

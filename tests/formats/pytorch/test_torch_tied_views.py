@@ -17,18 +17,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch_helpers as th
-from click.testing import CliRunner
+from support import torch_helpers as th
+from support.cli import run
 
 import tclip
 from tclip.cli import cli
 from tclip.formats import open_reader
 
 pytest.importorskip("torch")
-
-
-def run(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
 
 
 def ok(*args):

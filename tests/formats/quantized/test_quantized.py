@@ -15,9 +15,9 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
-import quant_examples
-from click.testing import CliRunner
-from formats_helpers import read_all, safetensors_bytes
+from support import quant_examples
+from support.formats_helpers import read_all, safetensors_bytes
+from support.cli import run
 
 from tclip.cli import cli
 from tclip.core.quant import round_product, round_quotient
@@ -28,10 +28,6 @@ EVERY = [*UNDERSTOOD, "ct_w4a16_asym_packed", "dtype_zoo"]
 MX = {"ct_mxfp4", "gptoss_mxfp4"}
 FUSED_GLOBAL = {"ct_nvfp4", "modelopt_nvfp4"}
 W = "model.layers.17.self_attn.k_proj.weight"
-
-
-def run(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
 
 
 def report_json(*args) -> dict:

@@ -15,17 +15,13 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
-import quant_examples
-from click.testing import CliRunner
-from formats_helpers import safetensors_bytes
+from support import quant_examples
+from support.formats_helpers import safetensors_bytes
+from support.cli import run
 
 from tclip.cli import cli
 
 W = "model.layers.17.mlp.down_proj.weight"
-
-
-def run(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
 
 
 def fp8_channel(path: Path, scales: np.ndarray, seed: int = 0) -> float:
