@@ -18,7 +18,6 @@ from support.cli import run
 from safetensors.numpy import load_file
 
 import tclip
-from tclip.cli import cli
 from tclip.formats import open_reader
 
 

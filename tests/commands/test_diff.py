@@ -13,7 +13,6 @@ from support.formats_helpers import safetensors_bytes
 from support.helpers import PickleTrap
 from support.cli import run
 
-from tclip.cli import cli
 from tclip.core.units import UNIT_ELEMENTS
 from tclip.diff import diff_files, parse_mapping
 

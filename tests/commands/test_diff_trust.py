@@ -15,7 +15,6 @@ from support.cli import run80 as run
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tclip.cli import cli
 from tclip.diff import apply_mapping, parse_mapping
 
 

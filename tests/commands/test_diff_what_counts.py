@@ -18,7 +18,6 @@ from support.formats_helpers import safetensors_bytes
 from support.cli import run
 from rich.console import Console
 
-from tclip.cli import cli
 from tclip.cli.render.diff import render_diff
 from tclip.cli.render.info import render_info
 from tclip.diff import diff_files

@@ -15,7 +15,6 @@ import pytest
 from support.formats_helpers import safetensors_bytes
 from support.cli import run80 as run
 
-from tclip.cli import cli
 
 LAYERS = 32
 

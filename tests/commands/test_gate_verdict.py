@@ -14,7 +14,6 @@ import pytest
 from support.formats_helpers import safetensors_bytes
 from support.cli import run
 
-from tclip.cli import cli
 from tclip.pipeline import report_file
 
 K = "model.layers.17.self_attn.k_proj.weight"

@@ -19,7 +19,6 @@ from support.formats_helpers import safetensors_bytes
 from support.llama import llama_names, llama_tensors
 from support.cli import run
 
-from tclip.cli import cli
 from tclip.text import natural_key
 
 def tclip_process(*args, env=None, **kwargs):

@@ -21,7 +21,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from tclip.cli import cli
 from tclip.cli.render.report import render_file
 from tclip.cli.render.table import shorten_names
 from tclip.core.modes import NormClip

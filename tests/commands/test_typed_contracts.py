@@ -12,7 +12,6 @@ from support.formats_helpers import safetensors_bytes
 from support.cli import run
 
 from tclip import messages
-from tclip.cli import cli
 from tclip.cli.words import FLAGS, flag
 from tclip.errors import OutputExistsError
 from tclip.formats import open_reader

@@ -12,7 +12,7 @@ import math
 import ml_dtypes
 import numpy as np
 import pytest
-from test_same_bits import random_values
+from support.kernels import ROW_FACTORS, random_values, same_as_reference
 
 import tclip.core.kernels as kernels
 from tclip.core.kernels import Scratch, reduce_unit
@@ -275,8 +275,6 @@ def scale16_calls(monkeypatch):
 
 @pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16], ids=lambda d: np.dtype(d).name)
 def test_per_row_scaling_every_finite_value(dtype, copies, monkeypatch):
-    from test_kernel_steps import ROW_FACTORS, same_as_reference
-
     calls = scale16_calls(monkeypatch)
     bits = np.arange(1 << 16, dtype=np.uint16)
     field = 0x7C00 if dtype == np.float16 else 0x7F80  # the exponent: all ones for Inf and NaN
@@ -292,8 +290,6 @@ def test_per_row_scaling_every_finite_value(dtype, copies, monkeypatch):
 
 @pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16], ids=lambda d: np.dtype(d).name)
 def test_rows_with_inf_or_nan_are_left_to_numpy(dtype, copies, monkeypatch):
-    from test_kernel_steps import same_as_reference
-
     calls = scale16_calls(monkeypatch)
     every = np.arange(1 << 16, dtype=np.uint16).view(dtype)  # Inf, quiet and signalling NaNs in every row
     factors = np.array([0.3, 1.0, 0.0, 2.0 ** -20]).reshape(-1, 1)
@@ -310,8 +306,6 @@ def test_rows_with_inf_or_nan_are_left_to_numpy(dtype, copies, monkeypatch):
 def test_per_row_scaling_where_the_fpu_flushes_subnormals(monkeypatch):
     """scale16 answers -1 (nothing done) where this thread's FPU flushes subnormals; then
     NumPy's way is taken."""
-    from test_kernel_steps import same_as_reference
-
     monkeypatch.setattr(kernels._fused, "scale16", lambda *args: -1)
     x = (np.random.default_rng(5).standard_normal((40, 2048)) * 1e-3).astype(np.float16)
     factors = np.random.default_rng(6).uniform(0, 1, (40, 1))

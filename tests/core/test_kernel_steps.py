@@ -7,23 +7,14 @@ import math
 import ml_dtypes
 import numpy as np
 import pytest
-from test_same_bits import random_values
+from support.kernels import ROW_FACTORS, random_values, same_as_reference
 
 from tclip.core.kernels import Scratch, scale_unit, widen
-from tclip.core.modes import apply_scale
 
 FLOATS = [np.float16, ml_dtypes.bfloat16, np.float32, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2]
 SKIPPABLE = [np.float16, ml_dtypes.bfloat16, np.float32]
 SIGNALLING_NAN = {np.float16: 0x7D01, ml_dtypes.bfloat16: 0x7F81, np.float32: 0x7F80_0001}
 BITS = {2: np.uint16, 4: np.uint32}
-
-
-def same_as_reference(x, factor, scratch=None):
-    fast = x.copy()
-    wide = scale_unit(fast, factor, scratch)
-    assert fast.tobytes() == apply_scale(x, factor).tobytes()
-    if wide is not None:  # the float64 values handed to the after-statistics are those written
-        assert wide.tobytes() == fast.astype(np.float64).tobytes()
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: np.dtype(d).name)
@@ -124,8 +115,6 @@ def test_float16_widening_with_infinities_and_no_nan():
 import tclip.core.kernels as kernels_module  # noqa: E402
 
 ROW_TABLE_DTYPES = [np.float16, ml_dtypes.bfloat16]
-ROW_FACTORS = [0.2697867137638703, 0.5, 1.0, 2.0, 0.999999, 1e-3, 1e-6, 3.7, 65504 / 3, 2.0 ** -20, 1 / 3,
-               0.7071067811865476, 1.0000000000000002, 2.0 ** -14 * 1.5]
 ROW_PATHS = {"C": "_scale_rows16_fused", "tables": "_scale_rows_by_tables"}
 
 

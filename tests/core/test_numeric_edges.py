@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from support.cli import run
-from tclip.cli import cli
 
 
 HUGE = {"model.layers.0.mlp.down_proj.weight": np.array([[3e200, 1.0], [1.0, 2.0]]),

@@ -10,6 +10,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from support.formats_helpers import read_all, safetensors_bytes
+from support.kernels import random_values
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -31,19 +32,6 @@ from tclip.pipeline import ClipOptions, clip_file, file_statistics, report_file
 from tclip.work.budget import Budget
 
 FLOATS = [np.float16, ml_dtypes.bfloat16, np.float32, np.float64, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2]
-
-
-def random_values(dtype, n, seed, spread=30):
-    """Values across many binades, with zeros, signed zeros and subnormals of the dtype."""
-    rng = np.random.default_rng(seed)
-    finfo = ml_dtypes.finfo(dtype) if dtype in (ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn,
-                                                ml_dtypes.float8_e5m2) else np.finfo(dtype)
-    magnitude = np.exp2(rng.uniform(-spread, min(spread, math.log2(float(finfo.max)) - 1), n))
-    values = (rng.choice([-1.0, 1.0], n) * magnitude).astype(dtype)
-    values[:: max(1, n // 17)] = 0
-    values[1:: max(1, n // 13)] = -0.0
-    values[2:: max(1, n // 11)] = np.array(float(finfo.smallest_subnormal), dtype)
-    return values
 
 
 # ------------------------------------------------------------------ kernels against the reference

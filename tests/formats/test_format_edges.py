@@ -15,7 +15,6 @@ import pytest
 from support.formats_helpers import safetensors_bytes
 from support.cli import run
 
-from tclip.cli import cli
 from tclip.errors import FormatError
 from tclip.formats import open_reader
 from tclip.formats._io import copy_range, file_holes

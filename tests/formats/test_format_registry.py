@@ -12,10 +12,8 @@ import numpy as np
 import pytest
 from support import toy_format
 from support.cli import run
-from click.testing import CliRunner
 
 import tclip
-from tclip.cli import cli
 from tclip.formats import registry
 
 RNG = np.random.default_rng(7)

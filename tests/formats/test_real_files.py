@@ -19,7 +19,6 @@ from support import torch_helpers
 from support.formats_helpers import read_all, safetensors_bytes
 from support.cli import run
 
-from tclip.cli import cli
 from tclip.formats import open_reader
 from tclip.formats.atomic import AtomicOutput
 

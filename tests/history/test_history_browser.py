@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from support.history import NAN, SPIKE, files
 from tclip.cli import cli
 from tclip.cli.render.cells import HIGH, NONFINITE
 from tclip.cli.render.plot import Layout, picture_data
 from tclip.work.history import norms_grid
-from test_history_pictures import NAN, SPIKE, files, run_folder  # noqa: F401 (a fixture)
 
 CHROMIUM = Path("/usr/bin/chromium")
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="headless Chromium (/usr/bin/chromium) is not installed")

@@ -11,55 +11,19 @@ import struct
 import sys
 import xml.etree.ElementTree as ET
 import zlib
-from pathlib import Path
 
 import numpy as np
 import pytest
 from rich.console import Console
-from safetensors.numpy import save_file
 
 from support.cli import run
-from tclip.cli import cli
+from support.history import NAN, SPIKE, STEPS, files, names
 from tclip.cli.render.cells import HIGH, MIDDLE, MISSING, NONFINITE, rgb, shades
 from tclip.cli.render.heatmap import bins, render_heatmap
 from tclip.cli.render.plot import Layout, html_picture, svg_picture
 from tclip.work.history import Grid
 
 SVG = "{http://www.w3.org/2000/svg}"
-LAYERS, STEPS = 12, 6
-SPIKE = ("model.layers.10.mlp.down_proj.weight", 4)   # (tensor, step index): x1000
-NAN = ("model.layers.2.self_attn.k_proj.weight", 3)
-
-
-def names() -> list[str]:
-    out = ["model.embed_tokens.weight"]
-    for layer in range(LAYERS):
-        out += [f"model.layers.{layer}.self_attn.k_proj.weight", f"model.layers.{layer}.mlp.down_proj.weight",
-                f"model.layers.{layer}.input_layernorm.weight"]
-    return out
-
-
-@pytest.fixture
-def run_folder(tmp_path):
-    """Step files whose tensors keep their norms (+-3% noise), but for a spike and a NaN."""
-    rng = np.random.default_rng(0)
-    for step in range(STEPS):
-        tensors = {}
-        for i, name in enumerate(names()):
-            values = np.full((4, 4), 0.1 * (i + 1), dtype=np.float32) * np.float32(1 + 0.03 * rng.standard_normal())
-            if (name, step) == SPIKE:
-                values *= 1000
-            if (name, step) == NAN:
-                values[0, 0] = np.nan
-            tensors[name] = values
-        save_file(tensors, str(tmp_path / f"step_{step * 100}.safetensors"))
-    return tmp_path
-
-
-def files(folder: Path) -> list[Path]:
-    return sorted(folder.glob("step_*.safetensors"), key=lambda p: int(p.stem.split("_")[1]))
-
-
 def decode_png(data: bytes) -> np.ndarray:
     """An 8-bit RGB PNG with filter 0 rows (as tclip writes them), decoded without Pillow."""
     assert data[:8] == b"\x89PNG\r\n\x1a\n"

@@ -20,7 +20,6 @@ from hypothesis import strategies as st
 from rich.console import Console
 from support.llama import llama_tensors
 
-from tclip.cli import cli
 from tclip.cli.render.summary import render_across_files
 from tclip.cli.render.table import abbreviate, essential, shorten_names
 from tclip.pipeline import report_file

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from support.cli import run
-from tclip.cli import cli
 
 RNG = np.random.default_rng(14)
 

@@ -18,7 +18,6 @@ import pytest
 from support.formats_helpers import safetensors_bytes
 from support.cli import run
 
-from tclip.cli import cli
 from tclip.core.modes import GlobalNormClip, NormClip
 from tclip.errors import FormatError, TclipError
 from tclip.formats import _h5probe as h5probe

@@ -17,7 +17,6 @@ from support.formats_helpers import read_all, safetensors_bytes
 from support.sets import TENSORS, all_tensors, sharded, single
 from support.cli import run
 
-from tclip.cli import cli
 from tclip.core.modes import GlobalNormClip
 from tclip.errors import TclipError
 from tclip.pipeline import ClipOptions, clip_file

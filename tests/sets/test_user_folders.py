@@ -17,7 +17,6 @@ from support.formats_helpers import read_all, safetensors_bytes
 from support.cli import run
 from support.sets import sharded
 
-from tclip.cli import cli
 
 RNG = np.random.default_rng(2024)
 LAYERS = {f"model.layers.{i}.self_attn.{p}_proj.weight": RNG.standard_normal((24, 16)).astype(np.float32)

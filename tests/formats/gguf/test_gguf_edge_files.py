@@ -16,7 +16,6 @@ from support.cli import run
 import numpy as np
 import pytest
 
-from tclip.cli import cli
 
 
 def write(path: Path, tensors: dict[str, np.ndarray], keys: list[tuple[str, str, object]] = (),

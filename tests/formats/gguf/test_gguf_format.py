@@ -21,7 +21,6 @@ import numpy as np
 import pytest
 
 import tclip
-from tclip.cli import cli
 from tclip.core import ggml_blocks as gb
 from tclip.formats import open_reader
 from tclip.formats._gguf_header import parse_gguf

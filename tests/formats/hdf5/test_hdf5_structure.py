@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from support.cli import run
-from tclip.cli import cli
 from tclip.errors import FormatError
 from tclip.formats import open_reader
 

@@ -14,7 +14,6 @@ import pytest
 
 import support
 from support.cli import run80 as run
-from tclip.cli import cli
 
 KERAS = support.FIXTURES / "keras"
 LAYOUTS = {

@@ -25,12 +25,10 @@ import pytest
 import support
 from support import torch_helpers as th
 from support.cli import run
-from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
 
 import tclip
-from tclip.cli import cli
 from tclip.formats import open_reader, registry
 from tclip.formats import torch as torch_format
 from tclip.formats._torch_archive import load_torch_archive

@@ -21,7 +21,6 @@ from support import torch_helpers as th
 from support.cli import run
 
 import tclip
-from tclip.cli import cli
 from tclip.formats import open_reader
 
 pytest.importorskip("torch")

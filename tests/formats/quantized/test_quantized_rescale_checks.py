@@ -19,7 +19,6 @@ from support import quant_examples
 from support.formats_helpers import safetensors_bytes
 from support.cli import run
 
-from tclip.cli import cli
 
 W = "model.layers.17.mlp.down_proj.weight"
 
