@@ -4,7 +4,7 @@ Each ``    $ tclip ...`` block of README.md or docs/commands.md whose files are 
 that is not a pipeline) is run in a pseudo-terminal of 80 columns on copies of the sample files: its
 ``Warning:`` lines must be among what tclip wrote to stderr, and its other lines what it printed,
 but for the times and speeds of the last line. ``samples/grads.clipped.npz`` is made first by
-README's clip, which tests/test_legible.py checks itself.
+README's clip, which tests/commands/test_report_legible.py checks itself.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """``report --summary --of grads|drift``: gradient norms from AdamW state, checked against a real
-training run (torch in a subprocess: tests/history_run.py) and the formulas, and drift against
+training run (torch in a subprocess: tests/support/history_run.py) and the formulas, and drift against
 exact arithmetic."""
 
 from __future__ import annotations

@@ -4,9 +4,9 @@ of the newer file format, PyTorch zips with CRC-32s on and off) through `info`, 
 `diff`, each in its own process.
 
 A command ends with 0, 1 or 3, prints no traceback and no internal error, leaves its input as it was
-and nothing but its output beside it (see tests/fuzz_helpers.py). The cases are fixed (seeded by the
+and nothing but its output beside it (see tests/support/fuzz_helpers.py). The cases are fixed (seeded by the
 seed file's name and the case number). CI runs a few per seed file; ``TCLIP_FUZZ_EXAMPLES=N`` runs N
-per seed file, and ``python tests/fuzz_helpers.py FIRST COUNT`` runs any range outside pytest.
+per seed file, and ``python tests/support/fuzz_helpers.py FIRST COUNT`` runs any range outside pytest.
 """
 
 from __future__ import annotations

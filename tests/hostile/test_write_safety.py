@@ -282,7 +282,7 @@ def test_an_out_dir_holding_a_shard_is_refused(tmp_path, force):
 
 @pytest.mark.parametrize("force", [[], ["--force"]])
 def test_an_output_that_is_the_input_through_a_symlink_is_refused(tmp_path, force):
-    # (another hard link of the input may be an output: tests/test_output_links.py)
+    # (another hard link of the input may be an output: tests/hostile/test_output_links.py)
     g = grads(tmp_path / "a" / "g.npz")
     (tmp_path / "link").symlink_to(tmp_path / "a")
     before = snapshot(tmp_path)

@@ -8,7 +8,7 @@ error, change its input or leave anything beside its output.
 
 Commands run in children forked from one server process that imported tclip once: a child per
 command, so a crash of a C library ends that child and is seen as a signal, at a tenth of the cost
-of starting an interpreter each time. ``python tests/fuzz_helpers.py FIRST COUNT`` runs cases
+of starting an interpreter each time. ``python tests/support/fuzz_helpers.py FIRST COUNT`` runs cases
 outside pytest (a long local run) and prints the failures.
 """
 
@@ -447,7 +447,7 @@ def write_references(seeds: dict[str, Seed], folder: Path) -> dict[str, Path]:
 
 
 def main(argv: list[str]) -> int:
-    """``python tests/fuzz_helpers.py FIRST COUNT [SEED...]``: cases FIRST..FIRST+COUNT-1 of each seed."""
+    """``python tests/support/fuzz_helpers.py FIRST COUNT [SEED...]``: cases FIRST..FIRST+COUNT-1 of each seed."""
     first, count = int(argv[0]), int(argv[1])
     folder = Path(tempfile.mkdtemp(prefix="tclip-fuzz-"))
     seeds = make_seeds(folder)

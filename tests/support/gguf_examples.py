@@ -1,6 +1,6 @@
 """A tiny llama-shaped model as GGUF at three levels, for README's GGUF example.
 
-    python tests/gguf_examples.py DIR
+    python tests/support/gguf_examples.py DIR
 
 writes ``DIR/tinyllama-f16.gguf`` (F16 weights, F32 norms, as llama.cpp's converter keeps
 them), ``DIR/tinyllama-q8_0.gguf`` and ``DIR/tinyllama-q4_0.gguf`` (the same weights

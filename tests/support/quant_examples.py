@@ -7,7 +7,7 @@ code, independent of tclip's) gives the real weights' norms in ``expected.json``
 
     build(root)            -> {name: folder} for every convention, single file and sharded
     build(root, ["ct_nvfp4"])
-    python tests/quant_examples.py DIR [NAME...]     (the same from a shell)
+    python tests/support/quant_examples.py DIR [NAME...]     (the same from a shell)
 
 Each ``<name>/`` holds ``model.safetensors`` + ``config.json`` (+ ``hf_quant_config.json``);
 ``<name>_sharded/`` the same tensors in two shards with an index, every weight's codes in

@@ -1,7 +1,7 @@
 """GGUF files as a format (issue 18): the reader, exact statistics of quantized blocks, the gate
 on their scales, clipping by rewriting scales only, hostile files at the command line.
 
-Files are written by tests/gguf_helpers.py (from the spec, either byte order); reference
+Files are written by tests/support/gguf_helpers.py (from the spec, either byte order); reference
 values come from the ``gguf`` package's own dequantization (llama.cpp's Python code),
 summed with ``math.fsum``.
 """

@@ -2,7 +2,7 @@
 rewrites that keep the pickle and the zip byte for byte, sharded sets, hostile files, no torch.
 
 Files come from tests/fixtures/torch/ (written by torch, with what torch.load said about
-them) and from tests/torch_helpers.py (written here, opcode by opcode, without torch).
+them) and from tests/support/torch_helpers.py (written here, opcode by opcode, without torch).
 Only the tests that load outputs back with torch itself need it installed.
 """
 

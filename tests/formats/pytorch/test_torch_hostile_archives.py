@@ -41,7 +41,7 @@ def refused(path: Path, *args, words: str = "") -> str:
 
 
 def wrap(path: Path, pickle: bytes, storages: dict[str, bytes]) -> Path:
-    """A zip laid out as torch writes it (see tests/torch_helpers.py) around a hand-made pickle."""
+    """A zip laid out as torch writes it (see tests/support/torch_helpers.py) around a hand-made pickle."""
     members = [("data.pkl", pickle), ("byteorder", b"little")]
     members += [(f"data/{key}", data) for key, data in storages.items()]
     members.append(("version", b"3\n"))

@@ -3,7 +3,7 @@ counted once in a global norm and a parameter count (tied embeddings, a transpos
 a view repeating its own elements), and no rewrite writes what was not reported.
 
 The files come from torch itself, run in a subprocess (tclip never imports torch), or from
-tests/torch_helpers.py where torch cannot write the layout.
+tests/support/torch_helpers.py where torch cannot write the layout.
 """
 
 from __future__ import annotations
