@@ -8,13 +8,12 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
 from support.formats_helpers import read_all, safetensors_bytes
-from support.sets import TENSORS, all_tensors, sharded, single
+from support.sets import RNG, TENSORS, all_tensors, sharded, single
 from support.cli import run
 
 from tclip.core.modes import GlobalNormClip
