@@ -13,10 +13,10 @@ import h5py
 import ml_dtypes
 import numpy as np
 import pytest
-from support.formats_helpers import read_all, safetensors_bytes
-from support.cli import run
 from safetensors.numpy import load_file
 
+from support.cli import run
+from support.formats_helpers import read_all, safetensors_bytes
 import tclip
 from tclip.formats import open_reader
 

@@ -9,10 +9,10 @@ import h5py
 import ml_dtypes
 import numpy as np
 import pytest
+
+from support.cli import run
 from support.formats_helpers import safetensors_bytes
 from support.helpers import PickleTrap
-from support.cli import run
-
 from tclip.core.units import UNIT_ELEMENTS
 from tclip.diff import diff_files, parse_mapping
 

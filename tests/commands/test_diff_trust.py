@@ -10,11 +10,11 @@ import re
 import h5py
 import numpy as np
 import pytest
-from support.formats_helpers import safetensors_bytes
-from support.cli import run80 as run
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from support.cli import run80 as run
+from support.formats_helpers import safetensors_bytes
 from tclip.diff import apply_mapping, parse_mapping
 
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support.formats_helpers import safetensors_bytes
-from support.cli import run
 from rich.console import Console
 
+from support.cli import run
+from support.formats_helpers import safetensors_bytes
 from tclip.cli.render.diff import render_diff
 from tclip.cli.render.info import render_info
 from tclip.diff import diff_files

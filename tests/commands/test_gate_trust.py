@@ -12,8 +12,9 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from support.formats_helpers import safetensors_bytes
+
 from support.cli import run80 as run
+from support.formats_helpers import safetensors_bytes
 
 
 LAYERS = 32

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support.formats_helpers import safetensors_bytes
-from support.cli import run
 
+from support.cli import run
+from support.formats_helpers import safetensors_bytes
 from tclip.pipeline import report_file
 
 K = "model.layers.17.self_attn.k_proj.weight"

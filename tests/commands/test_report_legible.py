@@ -14,11 +14,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 import support
+from support.cli import run
 from support.formats_helpers import safetensors_bytes
 from support.llama import llama_names, llama_tensors
-from support.cli import run
-
 from tclip.text import natural_key
 
 def tclip_process(*args, env=None, **kwargs):

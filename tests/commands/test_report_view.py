@@ -14,13 +14,13 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-import support
-from support.formats_helpers import safetensors_bytes
-from support.cli import run
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
+import support
+from support.cli import run
+from support.formats_helpers import safetensors_bytes
 from tclip.cli.render.report import render_file
 from tclip.cli.render.table import shorten_names
 from tclip.core.modes import NormClip

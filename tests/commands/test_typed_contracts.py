@@ -8,9 +8,9 @@ import pickle
 import ml_dtypes
 import numpy as np
 import pytest
-from support.formats_helpers import safetensors_bytes
-from support.cli import run
 
+from support.cli import run
+from support.formats_helpers import safetensors_bytes
 from tclip import messages
 from tclip.cli.words import FLAGS, flag
 from tclip.errors import OutputExistsError

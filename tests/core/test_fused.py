@@ -12,8 +12,8 @@ import math
 import ml_dtypes
 import numpy as np
 import pytest
-from support.kernels import ROW_FACTORS, random_values, same_as_reference
 
+from support.kernels import ROW_FACTORS, random_values, same_as_reference
 import tclip.core.kernels as kernels
 from tclip.core.kernels import Scratch, reduce_unit
 

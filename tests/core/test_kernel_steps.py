@@ -7,8 +7,8 @@ import math
 import ml_dtypes
 import numpy as np
 import pytest
-from support.kernels import ROW_FACTORS, random_values, same_as_reference
 
+from support.kernels import ROW_FACTORS, random_values, same_as_reference
 from tclip.core.kernels import Scratch, scale_unit, widen
 
 FLOATS = [np.float16, ml_dtypes.bfloat16, np.float32, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2]

@@ -12,6 +12,7 @@ import pytest
 from support.cli import run
 
 
+
 HUGE = {"model.layers.0.mlp.down_proj.weight": np.array([[3e200, 1.0], [1.0, 2.0]]),
         "model.layers.0.mlp.down_proj.bias": np.array([3e200, 1.0]),
         "model.norm.weight": np.array([0.5, -0.25], np.float32)}

@@ -9,11 +9,11 @@ import re
 import ml_dtypes
 import numpy as np
 import pytest
-from support.formats_helpers import read_all, safetensors_bytes
-from support.kernels import random_values
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from support.formats_helpers import read_all, safetensors_bytes
+from support.kernels import random_values
 import tclip
 from tclip.cli.words import flag
 from tclip.core.exact import ExactSum

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from support.helpers import correctly_rounded, ulp_distance
 
+from support.helpers import correctly_rounded, ulp_distance
 import tclip
 
 F32 = np.float32

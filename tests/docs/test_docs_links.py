@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 import support
 
 ROOT = support.ROOT

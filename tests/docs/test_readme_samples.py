@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 import support
 
 ROOT = support.ROOT

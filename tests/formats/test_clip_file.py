@@ -8,9 +8,9 @@ import h5py
 import ml_dtypes
 import numpy as np
 import pytest
-from support.formats_helpers import read_all, safetensors_bytes
 from rich.console import Console
 
+from support.formats_helpers import read_all, safetensors_bytes
 import tclip
 from tclip.cli.render.report import render_file
 from tclip.cli.render.table import shorten_middle

@@ -12,9 +12,9 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from support.formats_helpers import safetensors_bytes
-from support.cli import run
 
+from support.cli import run
+from support.formats_helpers import safetensors_bytes
 from tclip.errors import FormatError
 from tclip.formats import open_reader
 from tclip.formats._io import copy_range, file_holes

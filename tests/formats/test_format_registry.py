@@ -10,9 +10,9 @@ import sys
 
 import numpy as np
 import pytest
+
 from support import toy_format
 from support.cli import run
-
 import tclip
 from tclip.formats import registry
 

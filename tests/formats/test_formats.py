@@ -9,13 +9,13 @@ import h5py
 import ml_dtypes
 import numpy as np
 import pytest
-from support.formats_helpers import read_all, rewrite, safetensors_bytes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from safetensors import deserialize, safe_open
 from safetensors.numpy import load_file, save_file
 
+from support.formats_helpers import read_all, rewrite, safetensors_bytes
 from tclip.cli.words import flag
 from tclip.errors import OutputExistsError, TclipError, UnsupportedError
 from tclip.formats import create_writer, detect_format, open_reader

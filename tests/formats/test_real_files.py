@@ -15,10 +15,10 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from support import torch_helpers
-from support.formats_helpers import read_all, safetensors_bytes
-from support.cli import run
 
+from support import torch_helpers
+from support.cli import run
+from support.formats_helpers import read_all, safetensors_bytes
 from tclip.formats import open_reader
 from tclip.formats.atomic import AtomicOutput
 

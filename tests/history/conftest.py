@@ -7,6 +7,7 @@ import pytest
 from support.history import write_run
 
 
+
 @pytest.fixture
 def run_folder(tmp_path):
     """Step files step_0.safetensors ... step_500.safetensors: steady norms but for a spike and a NaN."""

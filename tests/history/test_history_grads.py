@@ -16,6 +16,7 @@ import pytest
 import support
 from support.cli import run
 
+
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch writes the training run")
 BETA2 = float(np.float32(0.95))  # as torch's float32 kernels multiply by it
 SPIKE_STEP, STEPS, FROZEN_UNTIL = 7, 12, 4

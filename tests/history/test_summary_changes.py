@@ -13,13 +13,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support.formats_helpers import safetensors_bytes
-from support.cli import run
 from hypothesis import given
 from hypothesis import strategies as st
 from rich.console import Console
-from support.llama import llama_tensors
 
+from support.cli import run
+from support.formats_helpers import safetensors_bytes
+from support.llama import llama_tensors
 from tclip.cli.render.summary import render_across_files
 from tclip.cli.render.table import abbreviate, essential, shorten_names
 from tclip.pipeline import report_file

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 
 import pytest
+
 from support.fuzz_helpers import CommandServer, flipped, make_seeds, run_case, run_payload, write_references
 
 SEEDS = ["h5-attributes", "h5-chunked-compressed", "h5-chunked-raw", "h5-latest", "h5-many-chunks",

@@ -14,16 +14,16 @@ import sys
 import zipfile
 from pathlib import Path
 
-import support
-from support import gguf_helpers
 import h5py
 import numpy as np
 import pytest
-from support import torch_helpers
-from support.formats_helpers import safetensors_bytes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import support
+from support import gguf_helpers
+from support import torch_helpers
+from support.formats_helpers import safetensors_bytes
 from tclip.core.modes import NormClip
 from tclip.errors import NonFiniteError, TclipError
 from tclip.formats import _h5probe as h5probe

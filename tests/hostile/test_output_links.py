@@ -12,6 +12,7 @@ import pytest
 
 from support.cli import run
 
+
 RNG = np.random.default_rng(14)
 
 

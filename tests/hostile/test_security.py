@@ -10,9 +10,9 @@ import h5py
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from support.helpers import PickleTrap
-from support.cli import run
 
+from support.cli import run
+from support.helpers import PickleTrap
 from tclip.cli import cli
 from tclip.cli.words import flag
 from tclip.core.modes import NormClip

@@ -15,9 +15,9 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from support.formats_helpers import safetensors_bytes
-from support.cli import run
 
+from support.cli import run
+from support.formats_helpers import safetensors_bytes
 from tclip.core.modes import GlobalNormClip, NormClip
 from tclip.errors import FormatError, TclipError
 from tclip.formats import _h5probe as h5probe

@@ -10,7 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
+
 from support.sets import sharded
+
+pytestmark = pytest.mark.slow  # Dask clusters in child processes
 
 pytest.importorskip("dask.distributed")
 

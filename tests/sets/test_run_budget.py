@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+
 from support.cli import run
 from support.sets import sharded
-
 from tclip.cli.params import MAX_THREADS as CLI_MAX_THREADS
 from tclip.core.kernels import Scratch
 from tclip.core.units import UNIT_ELEMENTS

@@ -7,9 +7,9 @@ import os
 
 import pytest
 from click.testing import CliRunner
+
 from support.cli import run
 from support.sets import sharded
-
 from tclip.cli import cli
 
 OTHERS = {
@@ -70,6 +70,7 @@ def test_an_existing_copy_target_needs_force_and_a_dry_run_says_so(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["config.json"] and (out / "config.json").read_text() == "mine"
 
 
+@pytest.mark.slow  # transformers loads a model
 def test_transformers_loads_the_copied_config(tmp_path):
     transformers = pytest.importorskip("transformers")
     index = checkpoint(tmp_path / "ckpt")

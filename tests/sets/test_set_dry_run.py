@@ -7,9 +7,9 @@ import shutil
 
 import numpy as np
 from click.testing import CliRunner
+
 from support.cli import run
 from support.sets import sharded
-
 from tclip.cli import cli
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 from rich.console import Console
+
 from support.cli import run
 from support.sets import sharded
-
 from tclip.cli.render.info import render_info
 from tclip.work.sets import index_info
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from support.cli import run
 from support.sets import sharded
-
 from tclip.core.modes import GlobalNormClip
 from tclip.pipeline import ClipOptions
 from tclip.tensorset import TensorSet, clip_set

@@ -8,10 +8,10 @@ import shutil
 
 import numpy as np
 import pytest
-from support.formats_helpers import read_all, safetensors_bytes
-from support.cli import run
-from support.sets import TENSORS, all_tensors, sharded
 
+from support.cli import run
+from support.formats_helpers import read_all, safetensors_bytes
+from support.sets import TENSORS, all_tensors, sharded
 from tclip.core.modes import GlobalNormClip
 from tclip.errors import TclipError
 from tclip.pipeline import ClipOptions

@@ -12,10 +12,10 @@ import sys
 
 import numpy as np
 import pytest
-from support.formats_helpers import read_all, safetensors_bytes
-from support.cli import run
-from support.sets import TENSORS, sharded, single
 
+from support.cli import run
+from support.formats_helpers import read_all, safetensors_bytes
+from support.sets import TENSORS, sharded, single
 from tclip.core.modes import GlobalNormClip
 from tclip.errors import TclipError
 from tclip.pipeline import ClipOptions
@@ -219,6 +219,7 @@ def test_a_failed_run_removes_only_what_it_wrote(tmp_path, monkeypatch):
     assert (out / "other.safetensors").read_bytes() == b"another run's finished output"
 
 
+@pytest.mark.slow  # a Dask cluster
 def test_dask_reruns_the_task_of_a_worker_killed_right_after_its_rename(tmp_path):
     """The issue's own case, on a real cluster: each worker dies just after renaming its
     first shard; Dask reruns that task on a fresh worker, which must find the shard done

@@ -12,10 +12,10 @@ import time
 import h5py
 import numpy as np
 import pytest
+
+from support.cli import run
 from support.formats_helpers import read_all, safetensors_bytes
 from support.sets import RNG, TENSORS, all_tensors, sharded, single
-from support.cli import run
-
 from tclip.core.modes import GlobalNormClip
 from tclip.errors import TclipError
 from tclip.pipeline import ClipOptions, clip_file
@@ -207,6 +207,7 @@ def cluster():
             yield local, client
 
 
+@pytest.mark.slow  # a Dask cluster
 def test_the_cli_on_a_dask_cluster_gives_the_same_bytes(tmp_path, cluster):
     local, _ = cluster
     index = sharded(tmp_path / "ckpt")
@@ -220,6 +221,7 @@ def test_the_cli_on_a_dask_cluster_gives_the_same_bytes(tmp_path, cluster):
         assert (tmp_path / "out" / shard.name).read_bytes() == shard.read_bytes()
 
 
+@pytest.mark.slow  # a Dask cluster
 def test_relative_paths_reach_workers_started_in_another_folder(tmp_path, cluster):
     """The client resolves paths before they leave it: a worker reads them against its own folder."""
     local, client = cluster
@@ -240,6 +242,7 @@ def test_relative_paths_reach_workers_started_in_another_folder(tmp_path, cluste
         assert (tmp_path / "ckpt" / shard.name).read_bytes() == shard.read_bytes()  # the in-place run
 
 
+@pytest.mark.slow  # a Dask cluster
 def test_a_worker_killed_mid_run_leaves_every_shard_old_or_new(tmp_path, cluster):
     local, client = cluster
     big = {f"layers.{i}.w": (RNG.standard_normal((1024, 1024)) * (i + 1)).astype(np.float32) for i in range(8)}

@@ -13,9 +13,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support.formats_helpers import read_all, safetensors_bytes
+
 from support.cli import run
+from support.formats_helpers import read_all, safetensors_bytes
 from support.sets import sharded
+
+pytestmark = pytest.mark.slow  # Trainer and save_pretrained folders written by torch and transformers
 
 
 RNG = np.random.default_rng(2024)

@@ -9,6 +9,7 @@ import numpy as np
 
 from support.formats_helpers import read_all, safetensors_bytes
 
+
 RNG = np.random.default_rng(33)
 TENSORS = {f"model.layers.{i}.mlp.{p}.weight": (RNG.standard_normal((48, 40)) * (i + 1)).astype(np.float32)
            for i in range(6) for p in ("up", "down")}

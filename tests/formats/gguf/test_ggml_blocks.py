@@ -8,11 +8,11 @@ import json
 import math
 from fractions import Fraction
 
-import support
-from support import gguf_helpers as gh
 import numpy as np
 import pytest
 
+import support
+from support import gguf_helpers as gh
 from tclip.core import ggml_blocks as gb
 from tclip.formats._gguf_header import parse_gguf
 

@@ -11,10 +11,11 @@ import json
 from pathlib import Path
 
 import gguf
-from support import gguf_helpers as gh
-from support.cli import run
 import numpy as np
 import pytest
+
+from support import gguf_helpers as gh
+from support.cli import run
 
 
 

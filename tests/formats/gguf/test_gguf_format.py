@@ -13,13 +13,13 @@ import math
 import os
 from pathlib import Path
 
-from support import gguf_helpers as gh
-from support.gguf_helpers import blocks_for, split_set
-from support.cli import run80 as run
 import ml_dtypes
 import numpy as np
 import pytest
 
+from support import gguf_helpers as gh
+from support.cli import run80 as run
+from support.gguf_helpers import blocks_for, split_set
 import tclip
 from tclip.core import ggml_blocks as gb
 from tclip.formats import open_reader

@@ -6,13 +6,13 @@ import json
 import struct
 import time
 
-import support
-from support import gguf_helpers as gh
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import support
+from support import gguf_helpers as gh
 from tclip.errors import FormatError
 from tclip.formats._gguf_header import (
     ARRAY_HEAD,

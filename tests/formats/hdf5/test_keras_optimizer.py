@@ -15,6 +15,7 @@ import pytest
 import support
 from support.cli import run80 as run
 
+
 KERAS = support.FIXTURES / "keras"
 LAYOUTS = {
     "adam.weights.h5": ("layers/", "optimizer/"),  # Keras 3: model.save_weights

@@ -22,12 +22,12 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
-import support
-from support import torch_helpers as th
-from support.cli import run
 from hypothesis import given
 from hypothesis import strategies as st
 
+import support
+from support import torch_helpers as th
+from support.cli import run
 import tclip
 from tclip.formats import open_reader, registry
 from tclip.formats import torch as torch_format

@@ -16,9 +16,9 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
+
 from support import torch_helpers as th
 from support.cli import run
-
 from tclip.errors import FormatError, UnsupportedError
 from tclip.formats import open_reader
 from tclip.formats._torch_archive import load_torch_archive, read_tensor

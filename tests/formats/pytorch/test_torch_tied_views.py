@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from support import torch_helpers as th
 from support.cli import run
-
 import tclip
 from tclip.formats import open_reader
 

@@ -15,10 +15,10 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
-from support import quant_examples
-from support.formats_helpers import read_all, safetensors_bytes
-from support.cli import run
 
+from support import quant_examples
+from support.cli import run
+from support.formats_helpers import read_all, safetensors_bytes
 from tclip.core.quant import round_product, round_quotient
 
 UNDERSTOOD = ["deepseek_fp8_block", "deepseek_fp8_block_ue8m0", "ct_fp8_tensor", "ct_fp8_channel", "ct_fp8_block",

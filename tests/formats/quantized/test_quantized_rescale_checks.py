@@ -15,9 +15,10 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
+
 from support import quant_examples
-from support.formats_helpers import safetensors_bytes
 from support.cli import run
+from support.formats_helpers import safetensors_bytes
 
 
 W = "model.layers.17.mlp.down_proj.weight"
