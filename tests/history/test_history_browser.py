@@ -19,7 +19,8 @@ from tclip.cli.render.plot import Layout, picture_data
 from tclip.work.history import norms_grid
 
 CHROMIUM = Path("/usr/bin/chromium")
-pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="headless Chromium (/usr/bin/chromium) is not installed")
+pytestmark = [pytest.mark.skipif(not CHROMIUM.exists(), reason="headless Chromium (/usr/bin/chromium) is not installed"),
+              pytest.mark.slow]  # a browser started per picture
 HTML_MARGIN = 12  # the page's body margin
 
 

@@ -49,6 +49,7 @@ def close(a: float, b: float, rel: float) -> bool:
 
 
 @needs_torch
+@pytest.mark.slow  # the module's training run: torch in a child process
 @pytest.mark.parametrize("layout", ["pt", "hf", "named", "flat"])
 def test_grads_match_the_formulas_for_every_checkpoint_and_interval(training, layout):
     out, truth = training
@@ -83,6 +84,7 @@ def test_grads_match_the_formulas_for_every_checkpoint_and_interval(training, la
 
 
 @needs_torch
+@pytest.mark.slow  # the module's training run: torch in a child process
 def test_grads_agree_with_the_true_gradient_norms_within_their_error_bound(training):
     """sqrt(S_t) is the bias-corrected EMA of the true ||g||^2, and each interval the weighted
     mean of the true ||g_s||^2 over its steps, to within what float32 state allows (the
@@ -103,6 +105,7 @@ def test_grads_agree_with_the_true_gradient_norms_within_their_error_bound(train
 
 
 @needs_torch
+@pytest.mark.slow  # the module's training run: torch in a child process
 def test_the_spike_is_pinned_to_its_interval_and_layer(training):
     out, _ = training
     result = run("report", "--summary", "--of", "grads", *sorted((out / "pt").glob("*.pt")))
@@ -115,6 +118,7 @@ def test_the_spike_is_pinned_to_its_interval_and_layer(training):
 
 
 @needs_torch
+@pytest.mark.slow  # the module's training run: torch in a child process
 def test_trainer_checkpoints_name_parameters_only_where_unambiguous(training):
     """model.safetensors lists its tensors sorted by name, not in module order: only parameters
     whose shape no other tensor has are named; the others keep the optimizer's number."""
@@ -132,6 +136,7 @@ def test_trainer_checkpoints_name_parameters_only_where_unambiguous(training):
 
 
 @needs_torch
+@pytest.mark.slow  # the module's training run: torch in a child process
 def test_single_file_checkpoints_name_every_parameter_by_module_order(training):
     out, truth = training
     items = lines(run("report", "--summary", "--of", "grads", "--json", *sorted((out / "pt").glob("*.pt"))).output)
@@ -143,6 +148,7 @@ def test_single_file_checkpoints_name_every_parameter_by_module_order(training):
 
 
 @needs_torch
+@pytest.mark.slow  # the module's training run: torch in a child process
 def test_an_optimizer_that_is_not_adam_is_said_in_one_line(training):
     out, _ = training
     result = run("report", "--summary", "--of", "grads", *sorted((out / "sgd").glob("*.pt")))
@@ -152,6 +158,7 @@ def test_an_optimizer_that_is_not_adam_is_said_in_one_line(training):
 
 
 @needs_torch
+@pytest.mark.slow  # the module's training run: torch in a child process
 def test_drift_is_exact_and_a_gate(training):
     out, truth = training
     files = sorted((out / "pt").glob("*.pt"), key=lambda p: int(p.stem.split("_")[1]))
@@ -222,6 +229,7 @@ def test_tied_weights_are_one_parameter(tmp_path):
 
 
 @needs_torch
+@pytest.mark.slow  # the module's training run: torch in a child process
 def test_notes_are_typed(training):
     from tclip.work.history import HistoryNoteKind, grads_grid
 

@@ -48,6 +48,7 @@ def test_the_seed_files_are_all_here(fuzz):
     assert sorted(seeds) == sorted(SEEDS)
 
 
+@pytest.mark.slow  # every command over damaged copies of each seed
 @pytest.mark.parametrize("seed", SEEDS)
 def test_damaged_files_end_every_command_cleanly(fuzz, seed):
     folder, seeds, references, server = fuzz
