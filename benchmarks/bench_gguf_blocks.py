@@ -5,15 +5,15 @@
 For each ggml type, about ``--mib`` MiB of random blocks (random codes and sub-scales,
 f16 scales of the size real weights have) are reduced on one core by:
 
-- ``closed``: :func:`tclip.core.ggml_blocks.block_stats` of the whole tensor without
+- ``closed``: :func:`tclip.quant.ggml.block_stats` of the whole tensor without
   extremes (sum of squares and sum from integer code sums; F32/F16/BF16: widened values);
 - ``+minmax``: the same with the smallest and largest value;
 - ``deq+norm``: tclip's own dequantization (ggml's float32 values) in bands of
   2**18 values, widened to float64, squares summed — the road without a closed form;
 - ``gguf-py``: the ``gguf`` package's ``quants.dequantize`` plus the same float64 sum
   (the NumPy dequantizer llama.cpp ships), when the package is installed;
-- ``scan``: :func:`tclip.core.ggml_blocks.scan_scales` (f16 scales only), in GB/s of blocks;
-- ``scale``: :func:`tclip.core.ggml_blocks.scale_blocks` (rewrites the f16 scales).
+- ``scan``: :func:`tclip.quant.ggml.scan_scales` (f16 scales only), in GB/s of blocks;
+- ``scale``: :func:`tclip.quant.ggml.scale_blocks` (rewrites the f16 scales).
 
 Figures are M values per second (best of ``--repeat``), single-threaded.
 """
@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from tclip.core import ggml_blocks as gb
+from tclip.quant import ggml as gb
 
 TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
 BAND = 1 << 18

@@ -9,7 +9,7 @@ weights' have, as in bench_gguf_blocks.py), then, with the file in the page cach
 ``--repeat``):
 
 - ``cat``: ``cat FILE > /dev/null``, the floor for reading it;
-- ``scan``: :func:`tclip.core.ggml_blocks.scan_scales` over the mapped tensor data, one core
+- ``scan``: :func:`tclip.quant.ggml.scan_scales` over the mapped tensor data, one core
   (what ``report`` adds to find NaN/Inf scales);
 - ``report 1``: ``tclip report --threads 1 FILE`` (norms, extremes, NaN/Inf counts,
   the scale scan), one core;
@@ -37,7 +37,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_gguf_blocks import random_blocks  # noqa: E402
 
-from tclip.core import ggml_blocks as gb  # noqa: E402
+from tclip.quant import ggml as gb  # noqa: E402
 
 SIDE = 4096
 NUMPY_SCRIPT = """
@@ -95,7 +95,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="runs per figure, the best is shown (default 3)")
     parser.add_argument("--dir", default=None, help="where to write the files (default: a temporary folder)")
     args = parser.parse_args()
-    from tclip.formats._gguf_header import parse_gguf
+    from tclip.formats.gguf.header import parse_gguf
 
     by_name = {info.name: info.id for info in gb.GGML_TYPES.values()}
     rng = np.random.default_rng(0)

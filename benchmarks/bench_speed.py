@@ -212,7 +212,9 @@ STAGE_CODE = """
 import json, sys, time
 t0 = time.perf_counter()
 from pathlib import Path
-from tclip.pipeline import file_statistics, make_plan, rewrite_file
+from tclip.work.plan import make_plan
+from tclip.work.rewrite import rewrite_file
+from tclip.work.statistics import file_statistics
 from tclip.core.modes import GlobalNormClip, NormClip
 t1 = time.perf_counter()
 path, out, mode = sys.argv[1], Path(sys.argv[2]), sys.argv[3]

@@ -5,7 +5,7 @@
 For each quantized type, ``--tensors`` tensors of 64 x 512 values (Q8_0/Q4_0/Q4_1/Q5_0/Q5_1
 quantized from N(0, 0.02) weights by the ``gguf`` package; the K types random blocks with
 scales of real weights' size, as in bench_gguf_blocks.py) are rescaled by a factor f drawn
-from [0.3, 0.95] with :func:`tclip.core.ggml_blocks.scale_blocks` (what ``norm``/``global``
+from [0.3, 0.95] with :func:`tclip.quant.ggml.scale_blocks` (what ``norm``/``global``
 write) and their exact norms compared: ``after / (f * before) - 1``, its largest magnitude and
 its median (as powers of two), and the largest excess above the target.
 """
@@ -22,7 +22,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_gguf_blocks import random_blocks  # noqa: E402
 
-from tclip.core import ggml_blocks as gb  # noqa: E402
+from tclip.quant import ggml as gb  # noqa: E402
 
 TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
 

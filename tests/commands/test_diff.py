@@ -14,7 +14,8 @@ from support.cli import run
 from support.formats_helpers import safetensors_bytes
 from support.helpers import PickleTrap
 from tclip.core.units import UNIT_ELEMENTS
-from tclip.diff import diff_files, parse_mapping
+from tclip.work.diff import diff_files
+from tclip.work.mapping import parse_mapping
 
 RNG = np.random.default_rng(21)
 TENSORS = {

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from support.cli import run80 as run
 from support.formats_helpers import safetensors_bytes
-from tclip.diff import apply_mapping, parse_mapping
+from tclip.work.mapping import apply_mapping, parse_mapping
 
 
 def write_st(path, tensors, metadata=None):

@@ -20,7 +20,7 @@ from support.cli import run
 from support.formats_helpers import safetensors_bytes
 from tclip.cli.render.diff import render_diff
 from tclip.cli.render.info import render_info
-from tclip.diff import diff_files
+from tclip.work.diff import diff_files
 from tclip.work.clip import file_info
 
 NAMES = [f"model.layers.{i}.self_attn.{p}_proj.weight" for i in range(3) for p in "qkv"] + ["lm_head.weight"]

@@ -14,7 +14,7 @@ import pytest
 
 from support.cli import run
 from support.formats_helpers import safetensors_bytes
-from tclip.pipeline import report_file
+from tclip.work.clip import report_file
 
 K = "model.layers.17.self_attn.k_proj.weight"
 Q = "model.layers.17.self_attn.q_proj.weight"

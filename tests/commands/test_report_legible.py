@@ -464,7 +464,7 @@ def test_names_never_cut_below_layer_and_projection(tmp_path):
     from rich.console import Console
 
     from tclip.cli.render.report import render_file
-    from tclip.pipeline import report_file
+    from tclip.work.clip import report_file
 
     source = tmp_path / "model.safetensors"
     source.write_bytes(safetensors_bytes(llama_tensors()))

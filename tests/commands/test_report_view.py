@@ -24,7 +24,8 @@ from support.formats_helpers import safetensors_bytes
 from tclip.cli.render.report import render_file
 from tclip.cli.render.table import shorten_names
 from tclip.core.modes import NormClip
-from tclip.pipeline import ClipOptions, clip_file, report_file
+from tclip.work.clip import clip_file, report_file
+from tclip.work.options import ClipOptions
 from tclip.text import fmt_column, natural_key
 
 LLAMA = [f"model.layers.{i}.self_attn.{p}_proj.weight" for i in (2, 10, 17) for p in "qkv"]
@@ -365,7 +366,7 @@ def test_skipped_tensors_are_named_in_natural_order(tmp_path):
 @pytest.mark.parametrize("width", [40, 60, 80, 120])
 def test_the_rule_under_the_header_spans_the_table(tmp_path, width):
     from tclip.cli.render.info import render_info
-    from tclip.pipeline import file_info
+    from tclip.work.clip import file_info
 
     source = write_st(tmp_path / "g.safetensors", LLAMA, 10.0)
     console = Console(file=io.StringIO(), width=width, color_system=None)

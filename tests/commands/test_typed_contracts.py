@@ -16,7 +16,9 @@ from tclip.cli.words import FLAGS, flag
 from tclip.errors import OutputExistsError
 from tclip.formats import open_reader
 from tclip.messages import Option
-from tclip.pipeline import ClipOptions, Selection, clip_file, report_file
+from tclip.work.clip import clip_file, report_file
+from tclip.work.options import ClipOptions
+from tclip.work.selection import Selection
 from tclip.work.results import Note, NoteKind
 from tclip.work.selection import SkipKind, select
 

@@ -28,7 +28,9 @@ from tclip.core.modes import (
 )
 from tclip.core.stats import TensorStats
 from tclip.core.units import UNIT_ELEMENTS, UnitGrid
-from tclip.pipeline import ClipOptions, clip_file, file_statistics, report_file
+from tclip.work.clip import clip_file, report_file
+from tclip.work.options import ClipOptions
+from tclip.work.statistics import file_statistics
 from tclip.work.budget import Budget
 
 FLOATS = [np.float16, ml_dtypes.bfloat16, np.float32, np.float64, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2]

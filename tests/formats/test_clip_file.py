@@ -15,7 +15,9 @@ import tclip
 from tclip.cli.render.report import render_file
 from tclip.cli.render.table import shorten_middle
 from tclip.core.modes import AverageNormClip, GlobalNormClip, NormClip, ValueClip
-from tclip.pipeline import ClipOptions, Selection, clip_file, report_file
+from tclip.work.clip import clip_file, report_file
+from tclip.work.options import ClipOptions
+from tclip.work.selection import Selection
 
 RNG = np.random.default_rng(11)
 TENSORS = {

@@ -121,8 +121,8 @@ def test_a_run_that_meets_no_pytorch_or_gguf_file_never_imports_their_parsers(tm
     header parser and block arithmetic, secrets and socket cost some 30 ms together."""
     np.save(tmp_path / "g.npy", np.ones((4, 4), np.float32))
     (tmp_path / "p.pt").write_bytes(b"\x80\x02not a pickle at all")  # sniffed, so the parser is loaded
-    heavy = ["tclip.formats._torch_pickle", "tclip.formats._torch_archive", "zipfile", "tclip.formats._gguf_header",
-             "tclip.core.ggml_blocks", "secrets", "socket"]
+    heavy = ["tclip.formats._torch_pickle", "tclip.formats._torch_archive", "zipfile", "tclip.formats.gguf.header",
+             "tclip.quant.ggml.blocks", "secrets", "socket"]
     code = ("import sys\n"
             "from click.testing import CliRunner\n"
             "from tclip.cli import cli\n"

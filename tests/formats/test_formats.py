@@ -290,7 +290,7 @@ def test_unknown_output_suffix(tmp_path):
 
 def test_hdf5_clip_keeps_references_dimension_scales_and_order(tmp_path):
     from tclip.core.modes import NormClip
-    from tclip.pipeline import clip_file
+    from tclip.work.clip import clip_file
 
     source = tmp_path / "g.h5"
     with h5py.File(source, "w", track_order=True) as f:

@@ -22,7 +22,7 @@ from support.formats_helpers import safetensors_bytes
 from support.llama import llama_tensors
 from tclip.cli.render.summary import render_across_files
 from tclip.cli.render.table import abbreviate, essential, shorten_names
-from tclip.pipeline import report_file
+from tclip.work.clip import report_file
 
 SPIKE = "model.layers.9.mlp.up_proj.weight"
 

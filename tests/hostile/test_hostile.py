@@ -28,7 +28,9 @@ from tclip.core.modes import NormClip
 from tclip.errors import NonFiniteError, TclipError
 from tclip.formats import _h5probe as h5probe
 from tclip.formats import open_reader
-from tclip.pipeline import ClipOptions, Selection, clip_file, report_file
+from tclip.work.clip import clip_file, report_file
+from tclip.work.options import ClipOptions
+from tclip.work.selection import Selection
 
 RNG = np.random.default_rng(44)
 

@@ -18,7 +18,8 @@ from tclip.cli.words import flag
 from tclip.core.modes import NormClip
 from tclip.errors import OutputExistsError, TclipError
 from tclip.formats import create_writer, open_reader
-from tclip.pipeline import ClipOptions, clip_file
+from tclip.work.clip import clip_file
+from tclip.work.options import ClipOptions
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:

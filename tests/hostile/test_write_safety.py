@@ -22,8 +22,10 @@ from tclip.core.modes import GlobalNormClip, NormClip
 from tclip.errors import FormatError, TclipError
 from tclip.formats import _h5probe as h5probe
 from tclip.formats import atomic, open_reader
-from tclip.pipeline import ClipOptions, clip_file
-from tclip.tensorset import TensorSet, clip_set
+from tclip.work.clip import clip_file
+from tclip.work.options import ClipOptions
+from tclip.formats.sharded import TensorSet
+from tclip.work.sets import clip_set
 from tclip.work import sets as tensorset
 
 RNG = np.random.default_rng(21)

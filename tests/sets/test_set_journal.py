@@ -10,8 +10,9 @@ import pytest
 from support.cli import run
 from support.sets import sharded
 from tclip.core.modes import GlobalNormClip
-from tclip.pipeline import ClipOptions
-from tclip.tensorset import TensorSet, clip_set
+from tclip.work.options import ClipOptions
+from tclip.formats.sharded import TensorSet
+from tclip.work.sets import clip_set
 from tclip.work import sets as tensorset
 
 

@@ -15,8 +15,9 @@ from support.cli import run
 from support.sets import sharded
 from tclip.core.modes import GlobalNormClip
 from tclip.formats.atomic import write_marker
-from tclip.pipeline import ClipOptions
-from tclip.tensorset import TensorSet, clip_set
+from tclip.work.options import ClipOptions
+from tclip.formats.sharded import TensorSet
+from tclip.work.sets import clip_set
 from tclip.work import sets as tensorset
 from tclip.work.journal import commit_marker
 

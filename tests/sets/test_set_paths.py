@@ -14,8 +14,9 @@ from support.formats_helpers import read_all, safetensors_bytes
 from support.sets import TENSORS, all_tensors, sharded
 from tclip.core.modes import GlobalNormClip
 from tclip.errors import TclipError
-from tclip.pipeline import ClipOptions
-from tclip.tensorset import TensorSet, clip_set
+from tclip.work.options import ClipOptions
+from tclip.formats.sharded import TensorSet
+from tclip.work.sets import clip_set
 from tclip.work import sets as tensorset
 
 

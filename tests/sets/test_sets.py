@@ -18,8 +18,10 @@ from support.formats_helpers import read_all, safetensors_bytes
 from support.sets import RNG, TENSORS, all_tensors, sharded, single
 from tclip.core.modes import GlobalNormClip
 from tclip.errors import TclipError
-from tclip.pipeline import ClipOptions, clip_file
-from tclip.tensorset import TensorSet, clip_set, load_index
+from tclip.work.clip import clip_file
+from tclip.work.options import ClipOptions
+from tclip.formats.sharded import TensorSet, load_index
+from tclip.work.sets import clip_set
 from tclip.work import sets as tensorset
 
 @pytest.mark.parametrize("threads", [1, 3])

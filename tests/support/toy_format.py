@@ -4,14 +4,14 @@ A ``.toy`` file is ``TOYTENSR``, a little-endian u32 tensor count, then per
 tensor: u16 name length, the UTF-8 name, u8 rank, u32 per dimension, a u8 dtype
 code (0 float32, 1 int8, 2 ggml Q8_0 blocks), and the raw little-endian data.
 
-Two encodings prove the seam for quantized weights (``formats.base.Encoding``):
+Two encodings prove the seam for quantized weights (``quant.contract.QuantEncoding``):
 
 - a tensor named ``X.codes`` (int8) next to ``X.scale`` (one float32) is read as one
   *logical* tensor ``X`` of values ``codes * scale`` (codes plus a separate scale,
   read-only here: its reducer dequantizes each unit);
 - a tensor of dtype code 2 is one stored tensor of Q8_0 blocks (34 bytes per 32
   values: a float16 scale and 32 int8 codes, as GGUF stores them) whose header shape
-  is the logical shape: statistics in closed form (``core.ggml_blocks.block_stats``),
+  is the logical shape: statistics in closed form (``quant.ggml.block_stats``),
   NaN/Inf scales found (``scan_scales``), rescaled by rewriting the block scales
   (``scale_blocks``) through the writer's raw bytes.
 """
@@ -26,12 +26,14 @@ from pathlib import Path
 
 import numpy as np
 
-from tclip.core import ggml_blocks
 from tclip.core.kernels import UnitMoments, reduce_unit
-from tclip.core.quant import Findings, ScaleFindings
+from tclip.core.stats import UnitResult
 from tclip.errors import FormatError
 from tclip.formats.atomic import AtomicOutput
-from tclip.formats.base import Encoding, EncodingSummary, PositionalWriter, TensorInfo, TensorReader, read_region
+from tclip.formats.base import EncodingSummary, PositionalWriter, TensorInfo, TensorReader, read_region
+from tclip.quant import ggml
+from tclip.quant.codes import Findings, ScaleFindings
+from tclip.quant.contract import QuantEncoding
 
 NAME = "toy"
 SUFFIXES = (".toy",)
@@ -46,7 +48,7 @@ def sniff(head: bytes, size: int) -> bool:
     return head.startswith(MAGIC)
 
 
-class ScaledCodes(Encoding):
+class ScaledCodes(QuantEncoding):
     """A logical float32 tensor stored as int8 codes times one float32 scale (read-only)."""
 
     def __init__(self, codes: str, scale: str, shape: tuple[int, ...]) -> None:
@@ -89,11 +91,11 @@ class ScaledReducer:
             start = grid.bounds(first)[0]
             unit = data[lo - start:hi - start].reshape(grid.unit_shape(k))
             moments = UnitMoments() if stats.track_moments else None
-            results.append((*reduce_unit(unit, scratch, stats.axes, stats.track_l1, moments), unit.size, moments))
+            results.append(UnitResult(*reduce_unit(unit, scratch, stats.axes, stats.track_l1, moments), unit.size, moments))
         return results, None
 
 
-class Q8Blocks(Encoding):
+class Q8Blocks(QuantEncoding):
     """One stored tensor of ggml Q8_0 blocks: one float16 scale per 32 values of a row."""
 
     def __init__(self, name: str, shape: tuple[int, ...]) -> None:
@@ -121,7 +123,7 @@ class Q8Blocks(Encoding):
 
         def job() -> int:
             raw = np.asarray(reader.read_part(self.name, 0, self.nbytes))
-            writer.write_flat(self.name, 0, ggml_blocks.scale_blocks(Q8_0, raw, factor).data)
+            writer.write_flat(self.name, 0, ggml.scale_blocks(Q8_0, raw, factor).data)
             return raw.nbytes
         return [(self.name, job)]
 
@@ -137,7 +139,7 @@ class Q8Values:
     def read(self, start: int, stop: int, out: np.ndarray | None) -> np.ndarray:
         first, last = start // Q8_BLOCK, -(-stop // Q8_BLOCK)
         raw = self.reader.read_part(self.name, first * Q8_BLOCK_BYTES, last * Q8_BLOCK_BYTES)
-        values = ggml_blocks.dequantize(Q8_0, raw).astype(np.float64)
+        values = ggml.dequantize(Q8_0, raw).astype(np.float64)
         return values[start - first * Q8_BLOCK:stop - first * Q8_BLOCK]
 
 
@@ -155,7 +157,7 @@ class Q8Reducer:
         raw = np.asarray(self.reader.read_part(self.encoding.name, start // Q8_BLOCK * Q8_BLOCK_BYTES,
                                                stop // Q8_BLOCK * Q8_BLOCK_BYTES))
         if self.factor is not None:  # as the rescale writes it
-            raw = ggml_blocks.scale_blocks(Q8_0, raw, self.factor).data
+            raw = ggml.scale_blocks(Q8_0, raw, self.factor).data
         return raw
 
     def reduce(self, raw, grid, first, stop, stats, scratch):
@@ -166,13 +168,13 @@ class Q8Reducer:
             lo, hi = grid.bounds(k)
             part = raw[(lo - start) // Q8_BLOCK * Q8_BLOCK_BYTES:(hi - start) // Q8_BLOCK * Q8_BLOCK_BYTES]
             if stats.axes is not None or stats.track_l1 or stats.track_moments:  # as values, the slow road
-                values = ggml_blocks.dequantize(Q8_0, part).astype(np.float64).reshape(grid.unit_shape(k))
+                values = ggml.dequantize(Q8_0, part).astype(np.float64).reshape(grid.unit_shape(k))
                 moments = UnitMoments() if stats.track_moments else None
-                results.append((*reduce_unit(values, scratch, stats.axes, stats.track_l1, moments), values.size,
+                results.append(UnitResult(*reduce_unit(values, scratch, stats.axes, stats.track_l1, moments), values.size,
                                 moments))
             else:
-                s = ggml_blocks.block_stats(Q8_0, part, group_blocks=(hi - lo) // Q8_BLOCK)
-                results.append((float(s.sum_of_squares[0]), float(s.minimum[0]), float(s.maximum[0]),
+                s = ggml.block_stats(Q8_0, part, group_blocks=(hi - lo) // Q8_BLOCK)
+                results.append(UnitResult(float(s.sum_of_squares[0]), float(s.minimum[0]), float(s.maximum[0]),
                                 int(s.nan_count[0]), int(s.inf_count[0]), 0.0, hi - lo, None))
             if findings is not None:  # each unit's own blocks: every scale counted once
                 found = findings.scales.setdefault(self.encoding.name, ScaleFindings(

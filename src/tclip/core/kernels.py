@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import ml_dtypes
 import numpy as np
@@ -304,16 +304,30 @@ def _fused_kind(x: np.ndarray) -> int | None:
     return kind
 
 
-def _fused_result(x: np.ndarray, sums: float | np.ndarray, low: int, high: int, extremes: bool) -> tuple:
-    """:func:`reduce_unit`'s tuple from the C loop's sums and extreme bit patterns (no NaN or Inf)."""
+class UnitSums(NamedTuple):
+    """What :func:`reduce_unit` gives for one unit: the sum of squares (one float, or an array
+    of one sum per slice with ``axes``), the smallest and largest value that is not NaN
+    (``inf``/``-inf`` where none was asked or found), the NaN and +-Inf counts, and the sum of
+    ``|x|`` (0.0 unless asked)."""
+
+    sum_of_squares: Any
+    smallest: float
+    largest: float
+    nan_count: int
+    inf_count: int
+    sum_abs: float
+
+
+def _fused_result(x: np.ndarray, sums: float | np.ndarray, low: int, high: int, extremes: bool) -> UnitSums:
+    """:func:`reduce_unit`'s result from the C loop's sums and extreme bit patterns (no NaN or Inf)."""
     smallest, largest = math.inf, -math.inf
     if extremes:
         patterns = np.array([low, high], _UNSIGNED[x.dtype.itemsize]).view(x.dtype)
         smallest, largest = float(patterns[0]), float(patterns[1])
-    return sums, smallest, largest, 0, 0, 0.0
+    return UnitSums(sums, smallest, largest, 0, 0, 0.0)
 
 
-def _reduce_fused(x: np.ndarray, extremes: bool) -> tuple | None:
+def _reduce_fused(x: np.ndarray, extremes: bool) -> UnitSums | None:
     """:func:`reduce_unit`'s result for a whole unit by the C loop, or None where it does not
     apply (no extension, another dtype or layout, NaN or Inf in the unit: NumPy's way then)."""
     kind = _fused_kind(x)
@@ -326,7 +340,7 @@ def _reduce_fused(x: np.ndarray, extremes: bool) -> tuple | None:
     return _fused_result(x, sum_sq, low, high, extremes)
 
 
-def _reduce_fused_rows(x: np.ndarray, extremes: bool) -> tuple | None:
+def _reduce_fused_rows(x: np.ndarray, extremes: bool) -> UnitSums | None:
     """:func:`reduce_unit` over every axis but the first by the C loop (one sum per index of
     the first axis), or None where it does not apply (as :func:`_reduce_fused`)."""
     kind = _fused_kind(x)
@@ -344,7 +358,7 @@ _UNSIGNED = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 def reduce_unit(x: np.ndarray, scratch: Scratch | None = None, axes: tuple[int, ...] | None = None,
                 l1: bool = False, moments: UnitMoments | None = None, wide: np.ndarray | None = None,
-                extremes: bool = True) -> tuple:
+                extremes: bool = True) -> UnitSums:
     """Statistics of one unit ``x`` (its rectangle's shape).
 
     Args:
@@ -419,7 +433,7 @@ def reduce_unit(x: np.ndarray, scratch: Scratch | None = None, axes: tuple[int, 
     if l1 and values.size:
         with np.errstate(over="ignore"):  # an L1 norm past float64's largest is inf, as the L2 one
             sum_abs = float(np.add.reduce(np.abs(values.reshape(-1))))
-    return sum_sq, smallest, largest, nans, infs, sum_abs
+    return UnitSums(sum_sq, smallest, largest, nans, infs, sum_abs)
 
 
 _SIGNED = {2: np.int16, 4: np.int32, 8: np.int64}
@@ -473,7 +487,7 @@ def _add_moments(values: np.ndarray, moments: UnitMoments) -> None:
     moments.exponents += np.bincount(exponents, minlength=EXPONENT_BINS)
 
 
-def _reduce_complex(wide: np.ndarray, axes: tuple[int, ...] | None, l1: bool) -> tuple:
+def _reduce_complex(wide: np.ndarray, axes: tuple[int, ...] | None, l1: bool) -> UnitSums:
     # |z|**2 as re**2 + im**2: z * conj(z) would also form re*im - im*re, which is inf - inf
     # (NaN, and a NumPy warning) once the parts pass 1e154; an overflow to inf is the norm's.
     with np.errstate(over="ignore", invalid="ignore"):
@@ -495,7 +509,7 @@ def _reduce_complex(wide: np.ndarray, axes: tuple[int, ...] | None, l1: bool) ->
     largest = float(magnitude.max()) if magnitude.size else -math.inf
     with np.errstate(over="ignore"):
         sum_abs = float(np.add.reduce(magnitude.reshape(-1))) if l1 and magnitude.size else 0.0
-    return sum_sq, -largest, largest, nans, infs, sum_abs
+    return UnitSums(sum_sq, -largest, largest, nans, infs, sum_abs)
 
 
 def scale_unit(x: np.ndarray, factor: np.ndarray | float, scratch: Scratch | None = None) -> np.ndarray | None:

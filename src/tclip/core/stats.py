@@ -23,6 +23,7 @@ import math
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -66,6 +67,24 @@ def axes_items(axes: object) -> list[object]:
     if isinstance(axes, np.ndarray):
         axes = axes.tolist()
     return [axes] if not isinstance(axes, Sequence) or isinstance(axes, str) else list(axes)
+
+
+class UnitResult(NamedTuple):
+    """What one unit adds to a tensor's statistics (:meth:`TensorStats.reduce`, a reducer's
+    ``reduce``; :meth:`TensorStats.add_unit` takes it).
+
+    ``sum_of_squares`` is per slice (an array) when the statistics keep ``axes``;
+    ``sum_abs`` is 0.0 unless they track the L1 norm; ``moments`` is None unless they track
+    moments."""
+
+    sum_of_squares: Any
+    smallest: float
+    largest: float
+    nan_count: int
+    inf_count: int
+    sum_abs: Any
+    size: int
+    moments: UnitMoments | None
 
 
 def normalize_axes(axes: object, ndim: int, *, argname: str = "axes") -> tuple[int, ...] | None:
@@ -288,7 +307,7 @@ class TensorStats:
             self.add_unit(self.reduce(unit, scratch, axes), at, target, axes)
 
     def reduce(self, unit: np.ndarray, scratch: Scratch | None, axes: tuple[int, ...] | None = None,
-               wide: np.ndarray | None = None, extremes: bool = True) -> tuple:
+               wide: np.ndarray | None = None, extremes: bool = True) -> UnitResult:
         """The kernel's result for one unit (``axes``: of the unit's own layout; ``wide``:
         the unit in float64 when the caller has it; ``extremes``: also min/max and NaN/Inf
         counts, which the after-statistics of a rewrite do without)."""
@@ -296,9 +315,9 @@ class TensorStats:
         moments = UnitMoments() if self.track_moments else None
         result = reduce_unit(unit, scratch, None if self.axes is None else axes, self.track_l1, moments, wide,
                              extremes)
-        return (*result, unit.size, moments)
+        return UnitResult(*result, unit.size, moments)
 
-    def add_unit(self, result: tuple, at: Index, target: np.ndarray | None = None,
+    def add_unit(self, result: UnitResult, at: Index, target: np.ndarray | None = None,
                  axes: tuple[int, ...] | None = None) -> None:
         """Add a unit's kernel result (from :meth:`reduce`) for the rectangle ``at``.
 

@@ -23,10 +23,10 @@ import math
 import os
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -72,80 +72,36 @@ class EncodingSummary:
     problem: str | None = None
 
 
-class Encoding(ABC):
-    """How a *logical* tensor's values come from what the file stores.
+class Encoding(Protocol):
+    """How a *logical* tensor's values come from what the file stores, as far as a listing knows it.
 
-    A weight may be stored as several stored tensors (FP8/NVFP4 codes plus scale
-    tensors, possibly in other shards of a set: :mod:`tclip.formats.quant_encoding`)
-    or as one stored tensor of quantized blocks (GGUF's Q8_0 ... Q6_K). A reader
-    describes such a weight by one :class:`TensorInfo` of its logical shape whose
-    ``encoding`` is one of these; its ``dtype`` is the floating type in which a rescale
-    rounds (the rewritten scales' dtype: the ``--max-norm`` gate's tolerance follows it)
-    and ``nbytes`` is :attr:`nbytes` (the stored parts' bytes).
+    A weight may be stored as several stored tensors (FP8/NVFP4 codes plus scale tensors,
+    possibly in other shards of a set) or as one stored tensor of quantized blocks (GGUF's
+    Q8_0 ... Q6_K). A reader describes such a weight by one :class:`TensorInfo` of its logical
+    shape whose ``encoding`` is one of these; its ``dtype`` is the floating type in which a
+    rescale rounds and ``nbytes`` is :attr:`nbytes` (the stored parts' bytes).
 
-    The contract (every method gets the reader that listed ``info``; it reads the stored
-    parts with :meth:`TensorReader.read_part`, whichever file of a set holds them):
+    Here an encoding only says what is stored (:attr:`summary`, :attr:`nbytes`): a format lists,
+    it never computes. The values, statistics and rescales of quantized weights are
+    :mod:`tclip.quant` (its contract: :class:`tclip.quant.contract.QuantEncoding`); the GGUF
+    reader lists its blocks tagged with their ggml type (``GgmlStored``), which
+    :mod:`tclip.quant` decodes.
 
-    - :attr:`summary`: an :class:`EncodingSummary`.
-    - :meth:`source`: the logical values, float64, in C order of the logical shape
-      (a ``tclip.work.passes.Source``: ``dtype``, ``parallel_safe``, ``align``,
-      ``read(start, stop, out)``). Used where values are needed as values: ``diff``.
-    - :meth:`reducer`: the statistics of units in closed form. A ``Source`` whose
-      ``read(start, stop, out)`` returns whatever raw data it wants for elements
-      ``[start, stop)`` (a run of whole units of ``UnitGrid.of(info.shape, unit_elements)``,
-      ``unit_elements`` the reducer's attribute if it has one; its
-      ``dtype.itemsize`` is what an element costs the block budget; the data has
-      ``nbytes``, the bytes read, for progress), plus
-      ``reduce(data, grid, first, stop, stats, scratch) -> (results, findings)``: for each
-      unit ``first..stop-1`` the tuple :meth:`tclip.core.stats.TensorStats.reduce` gives
-      (sum of squares -- per slice when ``stats.axes`` -- smallest, largest, NaN count,
-      Inf count, sum of ``|x|`` when ``stats.track_l1``, element count, moments when
-      ``stats.track_moments``), and a :class:`tclip.core.quant.Findings` (or None) of what
-      the stored parts held (NaN codes, NaN/Inf/zero scales, with positions). Results
-      must depend on the units alone (never on blocks or threads); findings merge in any
-      order. With ``factor`` it gives the statistics of the tensor as :meth:`rescale`
-      by that factor would leave it (pass 2's after-statistics, nothing written).
-    - :meth:`rescale`: jobs that write the parts a rescale by ``factor`` rewrites --
-      those this writer's file holds -- through ``writer.write_flat``; every other
-      part is copied by the pass as it is. ``factor`` is a 0-d float64 array, or one
-      factor per row in keepdims form (``[..., rows, 1]``, only where ``summary.per_row``).
-      Raises ValueError when it cannot be done exactly as ``summary.factors`` promises.
-
-    The two kinds of stored layout:
-
-    (a) codes plus scale tensors (:class:`~tclip.formats.quant_encoding.BlockScaled`): a
-        view (:class:`~tclip.formats.quant_encoding.LogicalReader`) lists the weight in
-        place of its parts, which it reads from whichever file holds them; the writer
-        writes the stored tensors, the jobs only the scale parts.
-    (b) one stored tensor of blocks (GGUF, the test suite's toy Q8_0): the format's reader
-        lists the encoded tensor under its stored name, with ``nbytes`` the blob's size; its
-        ``read_part(name, start, stop)`` gives the blob's raw bytes ``[start, stop)``, and a
-        :class:`PositionalWriter` takes them back as ``write_flat(name, start, uint8 data)``
-        (a job writes the blocks with their scales rewritten; an untouched blob is copied).
+    A reader whose stored tensors are blocks lists the encoded tensor under its stored name,
+    with ``nbytes`` the blob's size; its ``read_part(name, start, stop)`` gives the blob's raw
+    bytes ``[start, stop)``, and a :class:`PositionalWriter` takes them back as
+    ``write_flat(name, start, uint8 data)``.
     """
 
     @property
-    @abstractmethod
     def summary(self) -> EncodingSummary:
         """What the encoding is (see :class:`EncodingSummary`)."""
+        raise NotImplementedError
 
     @property
     def nbytes(self) -> int:
         """The bytes of every stored part."""
         return 0
-
-    @abstractmethod
-    def source(self, reader: "TensorReader", info: "TensorInfo") -> Any:
-        """The logical values (float64, C order)."""
-
-    @abstractmethod
-    def reducer(self, reader: "TensorReader", info: "TensorInfo", factor: np.ndarray | None = None) -> Any:
-        """Closed-form statistics per unit (after a rescale by ``factor`` when given)."""
-
-    @abstractmethod
-    def rescale(self, reader: "TensorReader", writer: "TensorWriter", info: "TensorInfo",
-                factor: np.ndarray) -> list[tuple[str, Callable[[], int]]]:
-        """(stored part, job) for each part of this file a rescale rewrites; a job returns its bytes."""
 
 
 @dataclass(slots=True)

@@ -45,12 +45,12 @@ from types import ModuleType
 from typing import Any
 
 from ..errors import FormatError, TclipError
-from . import gguf, hdf5, npy, npz, safetensors
+from . import dcp, gguf, hdf5, npy, npz, safetensors
 from . import torch as pytorch
 from .atomic import AtomicOutput
 from .base import TensorInfo, TensorReader, TensorWriter
 
-FORMATS: list[ModuleType] = [npy, npz, safetensors, hdf5, pytorch, gguf]
+FORMATS: list[ModuleType] = [npy, npz, safetensors, hdf5, pytorch, gguf, dcp]
 _REQUIRED = ("NAME", "SUFFIXES", "sniff", "Reader", "Writer")
 
 # What a damaged file makes parsers raise besides tclip's own errors.
@@ -171,7 +171,7 @@ def detect_format(path: Path) -> str:
     if found is None and Path(path).suffix.lower() not in content_suffixes():
         found = format_for_suffix(path)  # (a .bin no sniff claims is not taken for a PyTorch file)
     if found is None:
-        known = ", ".join("/".join(m.SUFFIXES) for m in FORMATS)
+        known = ", ".join("/".join(m.SUFFIXES) for m in FORMATS if m.SUFFIXES)
         raise FormatError(f"not a tensor file tclip knows ({known})", path)
     return found
 

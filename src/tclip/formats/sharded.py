@@ -65,7 +65,7 @@ def is_gguf_split(path: Path) -> bool:
 def _gguf_split(path: str, inode: int, mtime: int, size: int) -> tuple[int, int] | None:
     """(split.no, split.count) of a GGUF file of a split set, else None (cached per file version:
     every input is asked more than once)."""
-    from ._gguf_header import parse_gguf
+    from .gguf.header import parse_gguf
 
     try:
         split = parse_gguf(path).split
@@ -107,7 +107,7 @@ def _check_split_member(path: Path, match: re.Match[str], no: int, count: int) -
 def load_gguf_split(path: Path) -> TensorSet:
     """The files of the GGUF split set that ``path`` belongs to, checked: named as llama.cpp
     names them, each present, its ``split.no`` its place and ``split.count`` the same in all."""
-    from ._gguf_header import parse_gguf
+    from .gguf.header import parse_gguf
 
     path = Path(path)
     match = GGUF_SPLIT_NAME.fullmatch(path.name)

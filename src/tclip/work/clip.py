@@ -12,10 +12,10 @@ import numpy as np
 from ..core.modes import Mode, NormClip, ValueClip, value_bounds
 from ..errors import OutputExistsError
 from ..formats.locks import Locks, RunLock
-from ..formats.quant_encoding import open_logical
-from ..formats.quant_layout import QuantLayout
 from ..formats.registry import output_format
 from ..messages import Option
+from ..quant.layout import QuantLayout
+from ..quant.view import open_logical
 from .budget import Budget
 from .inputs import check_outputs, output_for
 from .options import ClipOptions

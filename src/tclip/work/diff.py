@@ -35,8 +35,8 @@ from ..core.dtypes import is_bool, is_complex, is_floating
 from ..core.kernels import Scratch
 from ..errors import TclipError
 from ..formats import TensorInfo, TensorReader
-from ..formats.quant_encoding import open_any_logical
 from ..messages import Naming, Option, Tagged, library_name, spelled
+from ..quant.view import open_any_logical
 from ..text import name_list
 from .budget import Budget
 from .mapping import RenameRule, apply_mapping, suggest_mapping

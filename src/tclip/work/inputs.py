@@ -17,6 +17,7 @@ from typing import Any
 
 from ..errors import NoTensorsError, TclipError
 from ..formats import torch as pytorch
+from ..formats.dcp import METADATA_NAME, is_dcp_folder
 from ..formats.registry import claimed_by_content, content_suffixes, detect_format, kept_endings, open_reader, suffixes
 from ..formats.sharded import INDEX_SUFFIX, load_index
 from ..messages import Option
@@ -176,11 +177,15 @@ def expand_files(items: tuple[str, ...], recursive: bool, notes: list[tuple[str,
 
 def _folder_files(folder: Path, recursive: bool, notes: list[tuple[str, Note]] | None,
                   found: Found | None) -> list[tuple[str, Path]]:
+    if is_dcp_folder(folder):  # a DCP checkpoint: its .metadata stands for the folder
+        return [(str(folder), folder / METADATA_NAME)]
     indexes = folder_indexes(folder, notes)
     if indexes:
         return [(str(index), index) for index in indexes]
     listed = sorted(folder.rglob("*") if recursive else folder.iterdir(), key=lambda p: _natural(str(p)))
-    files = _holding_tensors([p for p in listed if p.is_file() and is_tensor_file(p)], notes)
+    # a DCP folder inside (checkpoint/step-100/) counts as one file: its .metadata
+    files = _holding_tensors([p / METADATA_NAME if p.is_dir() else p for p in listed
+                              if p.is_dir() and is_dcp_folder(p) or p.is_file() and is_tensor_file(p)], notes)
     weights = folder / SAFETENSORS_SINGLE
     if found is not None and weights in files:
         found.weights[weights] = folder
@@ -249,6 +254,8 @@ def diff_input(item: str, notes: list[tuple[str, Note]] | None = None) -> str:
     path = Path(item)
     if not os.path.isdir(path):
         return item
+    if is_dcp_folder(path):
+        return str(path / METADATA_NAME)
     indexes = folder_indexes(path, notes)
     if len(indexes) == 1:
         return str(indexes[0])

@@ -40,12 +40,12 @@ through a :class:`Sink` (``write(start, data)``). :func:`source_for` and
 
 A tensor whose :class:`~tclip.formats.base.TensorInfo` carries an ``encoding``
 (a weight stored as quantized codes plus scales, or as quantized blocks: see
-:class:`~tclip.formats.base.Encoding` for the contract) is walked differently:
+:class:`~tclip.quant.contract.QuantEncoding` for the contract) is walked differently:
 
 - statistics (pass 1, and pass 2's after-statistics) walk its *reducer*
   (:func:`tensor_walk` sets :attr:`Walk.reducer`): a source of raw data whose
-  ``reduce`` gives each unit's result tuple in closed form, plus what the stored
-  parts held (:class:`~tclip.core.quant.Findings`); blocks, units and the order of
+  ``reduce`` gives each unit's :class:`~tclip.core.stats.UnitResult` in closed form, plus what the stored
+  parts held (:class:`~tclip.quant.codes.Findings`); blocks, units and the order of
   merging are the driver's as for every tensor, so the results are the same bits
   for any thread count and block size;
 - values (``diff``) come from its ``source``: float64, C order;
@@ -65,6 +65,7 @@ import numpy as np
 from ..core.kernels import Scratch
 from ..core.units import UNIT_ELEMENTS, UnitGrid, flat_rectangles
 from ..formats import TensorReader, TensorWriter
+from ..quant.contract import Reducer, computing
 from .budget import BlockRunner, Budget, Job, tensor_jobs
 
 Progress = Callable[[int], None]
@@ -180,7 +181,7 @@ def source_for(reader: TensorReader, name: str, held: HeldTensors | None = None)
     """How a walk reads tensor ``name``: its encoding's source, the copy pass 1 kept, or the reader."""
     info = reader.tensors[name]
     if info.encoding is not None:
-        return info.encoding.source(reader, info)  # type: ignore[no-any-return]
+        return computing(reader, info).source(reader, info)
     if held is not None and name in held.data:
         return HeldSource(held.data[name])
     return StoredSource(reader, name)
@@ -217,7 +218,7 @@ class Walk:
     sink: Sink | None = None
     axes: tuple[int, ...] | None = None
     mirrored: bool = False
-    reducer: Any = None
+    reducer: Reducer | None = None
 
     @property
     def itemsize(self) -> int:
@@ -245,7 +246,7 @@ def tensor_walk(reader: TensorReader, name: str, *, axes: tuple[int, ...] | None
     rescale by ``factor`` would leave it when that is given."""
     info = reader.tensors[name]
     if info.encoding is not None:
-        reducer = info.encoding.reducer(reader, info, factor)
+        reducer = computing(reader, info).reducer(reader, info, factor)
         grid = UnitGrid.of(tuple(info.shape), getattr(reducer, "unit_elements", UNIT_ELEMENTS))
         return Walk(name, grid, (reducer,), None, axes, False, reducer)
     shape = info.storage_shape

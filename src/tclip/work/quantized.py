@@ -1,7 +1,7 @@
 """Quantized weights in the passes: what is refused, what is warned about, what reports show.
 
 A quantized weight is one logical tensor whose encoding reads its codes and scales
-(:mod:`tclip.formats.quant_encoding`): pass 1 measures its real values in closed
+(:mod:`tclip.quant.encoding`): pass 1 measures its real values in closed
 form, the plan gives it a factor like any tensor, and pass 2 applies the factor to
 its scales only. What that cannot do exactly is refused here, before anything is
 written, with one line naming the weight:
@@ -14,7 +14,7 @@ written, with one line naming the weight:
 - different factors for NVFP4 weights sharing one global scale (a fused q/k/v or
   gate/up group: vLLM loads the largest of them, undoing a smaller one).
 
-It also turns each weight's :class:`~tclip.core.quant.Findings` into what people read:
+It also turns each weight's :class:`~tclip.quant.codes.Findings` into what people read:
 zero scales (dead blocks) as warnings, and where NaN/Inf sit (codes or scales, which
 block or row) for the ``--max-norm`` gate's line.
 """
@@ -29,10 +29,10 @@ from typing import Any
 import numpy as np
 
 from ..core.modes import Mode, NormClip
-from ..core.quant import Findings, is_power_of_two
 from ..errors import UnsupportedError
-from ..formats.quant_layout import QuantLayout
 from ..messages import Option
+from ..quant.codes import Findings, is_power_of_two
+from ..quant.layout import QuantLayout
 from .plan import Plan, TensorWork
 from .results import Note, NoteKind
 from .selection import SkipKind, TensorEntry

@@ -15,15 +15,16 @@ from pathlib import Path
 import numpy as np
 
 from ..core.kernels import Scratch, clip_unit, scale_unit
-from ..core.stats import TensorStats, kept_index, normalize_axes
+from ..core.stats import TensorStats, UnitResult, kept_index, normalize_axes
 from ..core.zeros import counted, counts_flushes, flush_limit, flushed_count, nonzero_count
 from ..errors import TclipError, UnsupportedError
 from ..formats import TensorReader, TensorWriter, create_writer, open_reader
 from ..formats.atomic import identity_of
-from ..formats.quant_encoding import logical_view, open_logical, stored_reader
-from ..formats.quant_layout import QuantLayout
 from ..formats.registry import holds_metadata, output_format
 from ..messages import Option
+from ..quant.contract import LandingCheck, computing
+from ..quant.layout import QuantLayout
+from ..quant.view import logical_view, open_logical, stored_reader
 from ..text import name_list
 from .budget import Budget
 from .gate import gate_tolerance
@@ -182,10 +183,10 @@ def _measure_written(target: Path, axes: dict[str, tuple[int, ...] | None], budg
         stats = {name: TensorStats.empty(reader.tensors[name].shape, tensor_axes)
                  for name, tensor_axes in axes.items()}
 
-        def work(block: Block, scratch: Scratch) -> list[tuple]:
+        def work(block: Block, scratch: Scratch) -> list[UnitResult]:
             return [stats[block.walk.name].reduce(unit, scratch, block.walk.axes) for _, (unit,) in block.units()]
 
-        def merge(block: Block, results: list[tuple]) -> None:
+        def merge(block: Block, results: list[UnitResult]) -> None:
             walk, tensor_stats = block.walk, stats[block.walk.name]
             target_sums = walk.view(tensor_stats.sum_of_squares) if tensor_stats.axes is not None else None
             for k, unit_result in zip(range(block.first, block.stop), results):
@@ -227,7 +228,7 @@ def _encoded_steps(reader: TensorReader, writer: TensorWriter | None, work: dict
         tensor_axes = normalize_axes(axes, len(info.shape)) if factor.ndim else None
         if writer is not None:
             try:
-                for part, job in info.encoding.rescale(reader, writer, info, factor):
+                for part, job in computing(reader, info).rescale(reader, writer, info, factor):
                     jobs[part] = Action(part, job)
             except ValueError as error:
                 raise UnsupportedError(f"tensor {name!r}: {error}; nothing was written", reader.path) from None
@@ -246,10 +247,9 @@ def _check_encoded(reader: TensorReader, walks: list[Walk], result: RewriteResul
     rescale whose rounded scales miss the factor by more than their dtype's gate tolerance,
     and count the values it flushed to zero."""
     for walk in walks:
-        check = getattr(walk.reducer, "check_landing", None)
-        if check is None:
+        if not isinstance(walk.reducer, LandingCheck):
             continue
-        check(gate_tolerance(reader.tensors[walk.name].dtype), reader.path)
+        walk.reducer.check_landing(gate_tolerance(reader.tensors[walk.name].dtype), reader.path)
         flushed = walk.reducer.flushed()
         if flushed:
             result.flushed[walk.name] = flushed
@@ -288,7 +288,7 @@ def _run_rewrite(reader: TensorReader, writer: TensorWriter | None, work: dict[s
                                  writer=writer if writer is not None and name in written else None))
     steps += after_walks
 
-    def rewrite(block: Block, scratch: Scratch) -> tuple[list[tuple], int]:
+    def rewrite(block: Block, scratch: Scratch) -> tuple[list[UnitResult], int, int]:
         walk = block.walk
         task, after = work[walk.name], result.after[walk.name]
         if walk.reducer is not None:  # an encoded tensor's after-statistics: its scales were rewritten
@@ -320,7 +320,7 @@ def _run_rewrite(reader: TensorReader, writer: TensorWriter | None, work: dict[s
                 results.append(after.reduce(unit, scratch, walk.axes, wide, extremes=False))
         return results, changed, flushed
 
-    def merge(block: Block, outcome: tuple[list[tuple], int, int]) -> None:
+    def merge(block: Block, outcome: tuple[list[UnitResult], int, int]) -> None:
         results, changed, flushed = outcome
         walk = block.walk
         after = result.after[walk.name]

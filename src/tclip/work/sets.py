@@ -31,8 +31,6 @@ from ..errors import OutputExistsError, TclipError, UnsupportedError
 from ..formats import SharedElements
 from ..formats.atomic import identity_of, marker_names, remove_if_same
 from ..formats.locks import Locks, RunLock
-from ..formats.quant_encoding import layout_of_files, open_logical
-from ..formats.quant_layout import QuantLayout
 from ..formats.registry import open_reader
 from ..formats.sharded import (
     GGUF_SPLIT_NAME,
@@ -46,6 +44,8 @@ from ..formats.sharded import (
     write_index,
 )
 from ..messages import Option
+from ..quant.layout import QuantLayout
+from ..quant.view import layout_of_files, open_logical
 from .budget import Budget
 from .companions import Companions, companions, copy_companions, with_plain_files
 from .clip import file_info

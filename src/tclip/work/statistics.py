@@ -17,13 +17,13 @@ import numpy as np
 
 from ..core.exact import ExactSum
 from ..core.kernels import Scratch
-from ..core.quant import Findings
-from ..core.stats import TensorStats
+from ..core.stats import TensorStats, UnitResult
 from ..errors import TclipError
 from ..formats import SharedElements, TensorInfo, TensorReader
-from ..formats.quant_encoding import logical_view, open_logical
-from ..formats.quant_layout import QuantLayout
 from ..messages import Option
+from ..quant.codes import Findings
+from ..quant.layout import QuantLayout
+from ..quant.view import logical_view, open_logical
 from .budget import Budget
 from .passes import Block, HeldTensors, Progress, run_pass, tensor_walk
 from .selection import Selection, SkipKind, TensorEntry, is_rank_skip, select
@@ -137,7 +137,7 @@ def file_statistics(source: Path | str | TensorReader, *, selection: Selection |
         budget: memory and threads (:class:`tclip.work.budget.Budget`).
         progress: called with byte counts; one pass advances it by the file's size.
         layout: the quantized weights of the set this file belongs to (None: detected
-            from the file and the config beside it); see :mod:`tclip.formats.quant_layout`.
+            from the file and the config beside it); see :mod:`tclip.quant.layout`.
 
     Returns:
         A :class:`FileStats`, identical to the last bit for any budget.
@@ -168,13 +168,13 @@ def _statistics(reader: TensorReader, selection: Selection, axes: object, track_
     result.unmeasured_others = [o.name for o in reader.others if o.unreadable_type and selection.matches(o.name)]
     walks = [tensor_walk(reader, name, axes=stats[name].axes) for name in to_read]
 
-    def work(block: Block, scratch: Scratch) -> tuple[list[tuple], Findings | None]:
+    def work(block: Block, scratch: Scratch) -> tuple[list[UnitResult], Findings | None]:
         tensor_stats, walk = stats[block.walk.name], block.walk
         if walk.reducer is not None:  # an encoded tensor: its own closed form per unit
             return walk.reducer.reduce(block.data[0], walk.grid, block.first, block.stop, tensor_stats, scratch)
         return [tensor_stats.reduce(unit, scratch, walk.axes) for _, (unit,) in block.units()], None
 
-    def merge(block: Block, outcome: tuple[list[tuple], Findings | None]) -> None:
+    def merge(block: Block, outcome: tuple[list[UnitResult], Findings | None]) -> None:
         results, found = outcome
         walk = block.walk
         if found is not None:

@@ -13,8 +13,9 @@ import pytest
 
 import support
 from support import gguf_helpers as gh
-from tclip.core import ggml_blocks as gb
-from tclip.formats._gguf_header import parse_gguf
+from tclip.formats.gguf.header import parse_gguf
+from tclip.quant import ggml as gb
+from tclip.quant.ggml.blocks import _QUANTS
 
 FIXTURES = support.FIXTURES / "gguf"
 EXPECTED = json.loads((FIXTURES / "expected.json").read_text())
@@ -181,7 +182,7 @@ def test_blocks_that_ggml_rounds_take_the_slow_road(name):
     np.testing.assert_allclose(stats.sum_of_squares, [fsum_squares(v) for v in values.reshape(32, -1)],
                                rtol=1e-15)
     # and ggml's values really differ from the exact reals here, so the choice shows
-    quant = gb._QUANTS[type_id]
+    quant = _QUANTS[type_id]
     d = np.frombuffer(raw, np.uint8).reshape(32, -1)[:, quant.d_at:quant.d_at + 2].copy().view("<f2")
     assert np.all(np.abs(d.astype(np.float64)) < 2e-7)
     exact_block = _exact_real_sum_of_squares(type_id, np.frombuffer(raw, np.uint8).reshape(32, -1)[0])
@@ -190,7 +191,7 @@ def test_blocks_that_ggml_rounds_take_the_slow_road(name):
 
 def _exact_real_sum_of_squares(type_id: int, block: np.ndarray) -> Fraction:
     """Σ (d A c - m' B)² with exact rationals (no float32 rounding at all)."""
-    quant = gb._QUANTS[type_id]
+    quant = _QUANTS[type_id]
     blocks = block.reshape(1, -1)
     d = Fraction(float(blocks[0, quant.d_at:quant.d_at + 2].copy().view("<f2")[0]))
     m = Fraction(float(blocks[0, quant.m_at:quant.m_at + 2].copy().view("<f2")[0]))
@@ -206,7 +207,7 @@ def _exact_real_sum_of_squares(type_id: int, block: np.ndarray) -> Fraction:
 def test_nonfinite_scales(name):
     type_id = gh.TYPE_IDS[name]
     raw = bytearray(blocks_of(name, 8, seed=1))
-    info, quant = gb.GGML_TYPES[type_id], gb._QUANTS[type_id]
+    info, quant = gb.GGML_TYPES[type_id], _QUANTS[type_id]
     raw[3 * info.block_bytes + quant.d_at:3 * info.block_bytes + quant.d_at + 2] = b"\x00\x7c"  # +Inf
     if quant.m_at is not None:
         raw[6 * info.block_bytes + quant.m_at:6 * info.block_bytes + quant.m_at + 2] = b"\x01\xfe"  # NaN
@@ -335,7 +336,7 @@ def test_round_f16_product_breaks_float64_ties_by_the_exact_product():
 @pytest.mark.parametrize("order", ["<", ">"])
 def test_scale_blocks_rewrites_only_scales(name, order):
     type_id = gh.TYPE_IDS[name]
-    info, quant = gb.GGML_TYPES[type_id], gb._QUANTS[type_id]
+    info, quant = gb.GGML_TYPES[type_id], _QUANTS[type_id]
     raw = blocks_of(name, 256, seed=5)
     if order == ">":
         raw = gh.swap_block_fields(raw, type_id)

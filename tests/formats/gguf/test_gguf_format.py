@@ -21,9 +21,10 @@ from support import gguf_helpers as gh
 from support.cli import run80 as run
 from support.gguf_helpers import blocks_for, split_set
 import tclip
-from tclip.core import ggml_blocks as gb
+
 from tclip.formats import open_reader
-from tclip.formats._gguf_header import parse_gguf
+from tclip.formats.gguf.header import parse_gguf
+from tclip.quant import ggml as gb
 
 gguf = pytest.importorskip("gguf")
 

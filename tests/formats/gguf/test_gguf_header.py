@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import support
 from support import gguf_helpers as gh
 from tclip.errors import FormatError
-from tclip.formats._gguf_header import (
+from tclip.formats.gguf.header import (
     ARRAY_HEAD,
     MAX_INLINE_STRING,
     GgufArray,

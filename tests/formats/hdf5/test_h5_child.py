@@ -23,7 +23,7 @@ from tclip.errors import FormatError
 from tclip.formats import _h5probe as h5probe
 from tclip.formats import TensorInfo, open_reader
 from tclip.formats.hdf5 import Hdf5Reader
-from tclip.pipeline import report_file
+from tclip.work.clip import report_file
 
 FILTER = 40125  # an unregistered filter id, served by the plugin below
 # cd_values[0] says what the filter does: 1 crashes when it encodes (a write), 2 crashes when it

@@ -19,7 +19,7 @@ import pytest
 from support import quant_examples
 from support.cli import run
 from support.formats_helpers import read_all, safetensors_bytes
-from tclip.core.quant import round_product, round_quotient
+from tclip.quant.codes import round_product, round_quotient
 
 UNDERSTOOD = ["deepseek_fp8_block", "deepseek_fp8_block_ue8m0", "ct_fp8_tensor", "ct_fp8_channel", "ct_fp8_block",
               "ct_nvfp4", "ct_mxfp4", "modelopt_fp8", "modelopt_nvfp4", "gptoss_mxfp4"]

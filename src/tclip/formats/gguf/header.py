@@ -27,8 +27,8 @@ from enum import IntEnum
 from types import MappingProxyType
 from typing import Any
 
-from ..core.ggml_blocks import GGML_TYPES, type_name
-from ..errors import FormatError
+from ...errors import FormatError
+from .ggml_types import GGML_TYPES, type_name
 
 __all__ = [
     "DEFAULT_ALIGNMENT",

@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from ..core.dtypes import is_floating
-from .base import TensorInfo
+from ..formats.base import TensorInfo
 
 # Activation and KV-cache scales: no weight's part, never a weight themselves.
 ACTIVATION_SUFFIXES = (".input_scale", ".input_global_scale", ".input_zero_point", ".output_scale",
@@ -74,7 +74,7 @@ class Part:
 
 @dataclass(frozen=True)
 class Scheme:
-    """How a weight's real values come from its parts (see :mod:`tclip.core.quant`).
+    """How a weight's real values come from its parts (see :mod:`tclip.quant.codes`).
 
     ``codes``: the code format; ``block``: (rows, columns) per scale; ``e8m0``: the
     block scales are E8M0 bytes; ``global_op``: ``"multiply"``, ``"divide"`` or None;

@@ -38,6 +38,7 @@ import functools
 import math
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import cast
 
 import ml_dtypes
 import numpy as np
@@ -196,7 +197,8 @@ def round_quotient(value: float, divisor: float, dtype: np.dtype) -> np.generic:
     or non-finite operand gives IEEE's quotient (a NaN norm's factor makes the scale NaN)."""
     if not (math.isfinite(value) and math.isfinite(divisor)) or divisor == 0:
         with np.errstate(divide="ignore", invalid="ignore"):
-            return np.asarray(np.float64(value) / np.float64(divisor)).astype(dtype)[()]
+            # indexing a 0-d array with () gives its scalar (NumPy's stubs say ndarray)
+            return cast(np.generic, np.asarray(np.float64(value) / np.float64(divisor)).astype(dtype)[()])
     exact = Fraction(value) / Fraction(divisor)
     return _round_fraction(exact, np.dtype(dtype))
 
@@ -215,7 +217,7 @@ def _odd(value: np.ndarray) -> int:
 
 def _round_to(product: np.ndarray, dtype: np.dtype) -> np.ndarray:
     if dtype == ml_dtypes.bfloat16:
-        from .kernels import narrow_into
+        from ..core.kernels import narrow_into
 
         out = np.empty(np.shape(product), dtype)
         narrow_into(np.ascontiguousarray(product, np.float64), out)
