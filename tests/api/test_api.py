@@ -16,9 +16,8 @@ import numpy as np
 import pytest
 
 import tclip
-
-import gguf_examples
-import quant_examples as qx
+from support import gguf_examples
+from support import quant_examples as qx
 
 LAYER = "model.layers.17.self_attn.k_proj.weight"
 RNG_SEED = 32

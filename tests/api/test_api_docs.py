@@ -11,9 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import quant_examples as qx
+import support
+from support import quant_examples as qx
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "python.md"
+DOC = support.ROOT / "docs" / "python.md"
 
 
 def _blocks() -> list[str]:

@@ -14,9 +14,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from tclip.cli import cli
+from support.cli import run
 
 pytest.importorskip("torch", reason="torch writes the DCP folders (the test-torch extra)")
 
@@ -47,10 +46,6 @@ CHILD = textwrap.dedent("""
             for k, v in state.items() if k.endswith(".exp_avg_sq")}
     json.dump(expected, open(f"{root}/expected.json", "w"))
 """)
-
-
-def run(*args: object):  # type: ignore[no-untyped-def]
-    return CliRunner().invoke(cli, [str(a) for a in args])
 
 
 @pytest.fixture(scope="module")

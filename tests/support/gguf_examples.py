@@ -16,9 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from support import gguf_helpers as gh  # noqa: E402
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from support import gguf_helpers as gh  # noqa: E402
 
 HIDDEN, FFN, VOCAB, LAYERS = 256, 768, 2048, 2
 F16, Q8_0, Q4_0 = 1, 8, 2

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch_helpers as th
-from click.testing import CliRunner
-from dcp_helpers import expected, make_all
 
-from tclip.cli import cli
+import support
+from support import torch_helpers as th
+from support.cli import run
+from support.dcp_helpers import expected, make_all
 from tclip.errors import FormatError, UnsupportedError
 from tclip.formats import open_reader, registry
 from tclip.formats._torch_pickle import TORCH_DTYPES
@@ -40,10 +40,6 @@ def dcp_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("dcp")
     make_all(root)
     return root
-
-
-def run(*args: object) -> object:
-    return CliRunner().invoke(cli, [str(a) for a in args])
 
 
 def values(arrays: dict, meta: dict, name: str) -> np.ndarray:
@@ -164,7 +160,7 @@ def test_tclip_never_imports_torch(dcp_root: Path) -> None:
     script = ("import sys\nfrom tclip.cli import cli\n"
               f"cli.main(['report', {str(folder)!r}], standalone_mode=False)\n"
               "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n")
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    env = {**os.environ, "PYTHONPATH": str(support.ROOT / "src")}
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]"

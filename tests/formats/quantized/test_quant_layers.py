@@ -6,10 +6,11 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import gguf_helpers as gh
 import numpy as np
 import pytest
 
+import support
+from support import gguf_helpers as gh
 from tclip.errors import TclipError
 from tclip.formats import open_reader
 from tclip.formats.gguf import GgmlStored
@@ -17,7 +18,7 @@ from tclip.quant.contract import QuantEncoding, computing
 from tclip.quant.ggml.encoding import GgmlBlocks, NotUnderstood
 from tclip.quant.view import logical_view, open_logical
 
-SRC = Path(__file__).resolve().parent.parent / "src" / "tclip"
+SRC = support.ROOT / "src" / "tclip"
 LAYERS = ["core", "formats", "quant", "work", "cli"]
 
 
