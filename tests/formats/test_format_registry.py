@@ -121,7 +121,7 @@ def test_a_run_that_meets_no_pytorch_or_gguf_file_never_imports_their_parsers(tm
     header parser and block arithmetic, secrets and socket cost some 30 ms together."""
     np.save(tmp_path / "g.npy", np.ones((4, 4), np.float32))
     (tmp_path / "p.pt").write_bytes(b"\x80\x02not a pickle at all")  # sniffed, so the parser is loaded
-    heavy = ["tclip.formats._torch_pickle", "tclip.formats._torch_archive", "zipfile", "tclip.formats.gguf.header",
+    heavy = ["tclip.formats.torch.unpickler", "tclip.formats.torch.archive", "zipfile", "tclip.formats.gguf.header",
              "tclip.quant.ggml.blocks", "secrets", "socket"]
     code = ("import sys\n"
             "from click.testing import CliRunner\n"
@@ -130,7 +130,7 @@ def test_a_run_that_meets_no_pytorch_or_gguf_file_never_imports_their_parsers(tm
             "    assert CliRunner().invoke(cli, args).exit_code == 0\n"
             f"print(*[m in sys.modules for m in {heavy!r}])\n"
             f"CliRunner().invoke(cli, ['report', {str(tmp_path / 'p.pt')!r}])\n"
-            "print('tclip.formats._torch_pickle' in sys.modules)\n")
+            "print('tclip.formats.torch.unpickler' in sys.modules)\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     first, second = result.stdout.splitlines()
     assert first.split() == ["False"] * len(heavy)

@@ -26,7 +26,7 @@ from support import torch_helpers
 from support.formats_helpers import safetensors_bytes
 from tclip.core.modes import NormClip
 from tclip.errors import NonFiniteError, TclipError
-from tclip.formats import _h5probe as h5probe
+from tclip.formats.hdf5 import probe as h5probe
 from tclip.formats import open_reader
 from tclip.work.clip import clip_file, report_file
 from tclip.work.options import ClipOptions

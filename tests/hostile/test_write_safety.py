@@ -20,7 +20,7 @@ from support.cli import run
 from support.formats_helpers import safetensors_bytes
 from tclip.core.modes import GlobalNormClip, NormClip
 from tclip.errors import FormatError, TclipError
-from tclip.formats import _h5probe as h5probe
+from tclip.formats.hdf5 import probe as h5probe
 from tclip.formats import atomic, open_reader
 from tclip.work.clip import clip_file
 from tclip.work.options import ClipOptions

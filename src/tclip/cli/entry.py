@@ -67,7 +67,7 @@ def main() -> None:
                 stream.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
             except (AttributeError, ValueError):
                 pass
-        from ..children import prestart
+        from ..formats.hdf5.child import prestart
 
         prestart(sys.argv[1:])  # the HDF5 child imports its libraries while tclip imports its own
         from .commands import cli

@@ -25,7 +25,7 @@ from support.cli import run
 from support.dcp_helpers import expected, make_all
 from tclip.errors import FormatError, UnsupportedError
 from tclip.formats import open_reader, registry
-from tclip.formats._torch_pickle import TORCH_DTYPES
+from tclip.formats.torch.pickled import TORCH_DTYPES
 from tclip.formats.dcp import Reader, sniff
 from tclip.formats.dcp._metadata import load_dcp_metadata
 

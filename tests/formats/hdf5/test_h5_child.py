@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from tclip.errors import FormatError
-from tclip.formats import _h5probe as h5probe
+from tclip.formats.hdf5 import probe as h5probe
 from tclip.formats import TensorInfo, open_reader
 from tclip.formats.hdf5 import Hdf5Reader
 from tclip.work.clip import report_file
@@ -244,7 +244,7 @@ def small_h5(path: Path, value: float) -> Path:
 
 
 def test_a_child_started_early_is_adopted_by_the_reader(tmp_path, monkeypatch):
-    from tclip import children
+    from tclip.formats.hdf5 import child as children
 
     path = small_h5(tmp_path / "m.h5", 0.5)
     children.prestart(["report", "--json", str(path)])
@@ -257,7 +257,7 @@ def test_a_child_started_early_is_adopted_by_the_reader(tmp_path, monkeypatch):
 
 
 def test_a_child_started_on_a_file_replaced_since_is_not_adopted(tmp_path):
-    from tclip import children
+    from tclip.formats.hdf5 import child as children
 
     path = small_h5(tmp_path / "m.h5", 0.5)
     children.prestart([str(path)])
@@ -269,7 +269,7 @@ def test_a_child_started_on_a_file_replaced_since_is_not_adopted(tmp_path):
 
 
 def test_children_never_adopted_are_killed_and_odd_arguments_start_none(tmp_path):
-    from tclip import children
+    from tclip.formats.hdf5 import child as children
 
     path = small_h5(tmp_path / "m.h5", 0.5)
     os.mkfifo(tmp_path / "pipe.h5")

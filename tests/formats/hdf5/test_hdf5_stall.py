@@ -12,7 +12,7 @@ import h5py
 import pytest
 
 from tclip.errors import FormatError
-from tclip.formats import _h5probe as h5probe
+from tclip.formats.hdf5 import probe as h5probe
 from tclip.formats import open_reader
 
 

@@ -26,8 +26,8 @@ from hypothesis import strategies as st
 
 import support
 from tclip.errors import FormatError, TclipError, UnsupportedError
-from tclip.formats._torch_archive import LEGACY_MAGIC, load_torch_archive, read_tensor, sniff_torch
-from tclip.formats._torch_pickle import (
+from tclip.formats.torch.archive import LEGACY_MAGIC, load_torch_archive, read_tensor, sniff_torch
+from tclip.formats.torch.unpickler import (
     ACCEPTED_GLOBALS,
     OrderedDictValue,
     PickleLimits,
@@ -322,7 +322,7 @@ def test_parses_with_torch_import_blocked():
         sys.modules['torch'] = None  # any 'import torch' now fails
         from pathlib import Path
         from tclip.errors import UnsupportedError
-        from tclip.formats._torch_archive import load_torch_archive, read_tensor
+        from tclip.formats.torch.archive import load_torch_archive, read_tensor
         here = Path({str(FIXTURES)!r})
         count = 0
         for name in {READABLE!r}:

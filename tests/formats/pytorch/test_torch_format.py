@@ -30,9 +30,9 @@ from support import torch_helpers as th
 from support.cli import run
 import tclip
 from tclip.formats import open_reader, registry
-from tclip.formats import torch as torch_format
-from tclip.formats._torch_archive import load_torch_archive
-from tclip.formats._torch_pickle import StorageRef, TensorRef
+from tclip.formats.torch import reader as torch_format
+from tclip.formats.torch.archive import load_torch_archive
+from tclip.formats.torch.unpickler import StorageRef, TensorRef
 
 FIXTURES = support.FIXTURES / "torch"
 EXPECTED = json.loads((FIXTURES / "expected.json").read_text())

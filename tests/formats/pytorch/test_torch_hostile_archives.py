@@ -21,7 +21,7 @@ from support import torch_helpers as th
 from support.cli import run
 from tclip.errors import FormatError, UnsupportedError
 from tclip.formats import open_reader
-from tclip.formats._torch_archive import load_torch_archive, read_tensor
+from tclip.formats.torch.archive import load_torch_archive, read_tensor
 from tclip.formats.limits import names_within
 
 

@@ -2,7 +2,7 @@
 
 PyTorch writes ``.metadata`` with ``pickle.dump(Metadata)`` and reads it back with a raw
 ``pickle.load``. Here the pickle is walked by tclip's own interpreter
-(:mod:`.._torch_pickle`), with its budgets on size, opcodes, objects and memo, and an
+(:mod:`..torch.unpickler`), with its budgets on size, opcodes, objects and memo, and an
 allowlist of its own: the DCP record classes, ``torch.Size``, the dtypes, the layout
 and memory-format helpers and ``pathlib`` paths. Every other global (``os.system``,
 ``builtins.eval``, a payload class) ends the run at the opcode that names it, before
@@ -23,17 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import FormatError, UnsupportedError
-from .._torch_pickle import (
-    _OTHER_TORCH_DTYPES,
-    TORCH_DTYPES,
-    PickleLimits,
-    TorchValue,
-    _describe_global,
-    _Global,
-    _Interpreter,
-    _is_int,
-    _kind,
-)
+from ..torch.machine import _is_int
+from ..torch.pickled import _OTHER_TORCH_DTYPES, TORCH_DTYPES, PickleLimits, TorchValue, _Global, _kind
+from ..torch.unpickler import _describe_global, _Interpreter
 
 _METADATA_MODULE = "torch.distributed.checkpoint.metadata"
 _FILESYSTEM_MODULE = "torch.distributed.checkpoint.filesystem"

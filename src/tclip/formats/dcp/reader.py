@@ -10,7 +10,7 @@ error naming the folder and what is wrong):
   share the offset of their embedded file by design: the file is counted once);
 - every chunk lies inside its tensor, the chunks do not overlap and leave nothing unwritten;
 - every tensor chunk (a complete ``torch.save`` zip) is read by tclip's own ``.pt`` reader
-  (:mod:`.._torch_archive`: its pickle through the allowlist interpreter), and its dtype and
+  (:mod:`..torch.archive`: its pickle through the allowlist interpreter), and its dtype and
   shape agree with the ``.metadata``; a chunk of the SAFETENSORS variant is found by name in
   the embedded safetensors header.
 
@@ -45,7 +45,7 @@ from ...core.units import Index, flat_rectangles
 from ...errors import FormatError, TclipError, UnsupportedError
 from .._blocks import contiguous_span, normalize_index
 from .._io import flat_result, pread_into
-from .._torch_pickle import ADVICE, TORCH_DTYPES, PickleLimits
+from ..torch.pickled import ADVICE, TORCH_DTYPES, PickleLimits
 from ..base import OtherObject, TensorInfo, TensorReader
 from . import METADATA_NAME
 from ._metadata import BytesEntry, Chunk, DcpMetadata, StorageItem, TensorEntry, load_dcp_metadata
@@ -344,7 +344,7 @@ class DcpReader(TensorReader):
         piece.fd = fd
 
     def _archive(self, fd: int, start: int, length: int, where: str, name: str) -> Any:
-        from .._torch_archive import _load_zip
+        from ..torch.archive import _load_zip
 
         window = _Window(fd, start + length)
         try:
@@ -470,7 +470,7 @@ class DcpReader(TensorReader):
     def _plain_value(self, name: str, item: StorageItem) -> str | None:
         """The item's value as text when the allowlist interpreter finds one plain value in it
         (kept for :meth:`other_values` too)."""
-        from ..torch import _value_text
+        from ..torch.reader import _value_text
 
         fd, _ = self._file(item.relative_path)
         start, length = item.offset, item.length
@@ -526,13 +526,13 @@ class DcpReader(TensorReader):
 
     def other_values(self, name: str, limit: int) -> np.ndarray | None:
         """A saved number or string (``step``, ``lr``), for comparing two checkpoints."""
-        from ..torch import _plain_value
+        from ..torch.reader import _plain_value
 
         return _plain_value(self._values[name], limit) if name in self._values else None
 
     def plain_data(self, name: str) -> Any:
         """A saved object as plain data (an optimizer's ``param_groups.<fqn>.betas``), never code."""
-        from ..torch import _plain_data
+        from ..torch.reader import _plain_data
 
         return _plain_data(self._values[name]) if name in self._values else None
 

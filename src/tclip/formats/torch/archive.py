@@ -9,7 +9,7 @@ The zip format (torch >= 1.6, the default)::
     <archive>/.data/serialization_id, .format_version, .storage_alignment (recent torch)
 
 ``<archive>`` is the name of the file when it was saved; torch takes it from the
-first member. The pickle is interpreted by :mod:`._torch_pickle`, which builds
+first member. The pickle is interpreted by :mod:`.unpickler`, which builds
 records and calls nothing. Each storage's bytes are located from the zip's central
 directory and the member's own local header (never decompressed, never read
 here), and every view is checked to lie inside its storage.
@@ -36,9 +36,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..errors import FormatError, UnsupportedError
-from ._torch_pickle import PickleLimits, TensorRef, _dtype_text, flatten, kind_of, load_torch_pickle
-from .limits import NAME_BYTES, name_memory
+from ...errors import FormatError, UnsupportedError
+from ..limits import NAME_BYTES, name_memory
+from .pickled import PickleLimits, TensorRef, _dtype_text, flatten, kind_of
+from .unpickler import load_torch_pickle
 
 __all__ = [
     "LEGACY_MAGIC",
@@ -106,7 +107,7 @@ class TorchArchive:
         prefix: the archive's folder name inside the zip (``""`` for legacy files).
         byteorder: ``"little"`` or ``"big"`` (the dtypes carry it too).
         version: the archive's ``version`` record, if any.
-        root: the unpickled tree (see :func:`._torch_pickle.load_torch_pickle`).
+        root: the unpickled tree (see :func:`.unpickler.load_torch_pickle`).
         tensors: flattened name -> view, in the order of the saved object.
         storages: key -> location of its bytes, for every storage the pickle refers to.
         others: the leaves that are not tensors, in order.
@@ -201,7 +202,18 @@ def load_torch_archive(path: str | os.PathLike[str], *, limits: PickleLimits | N
                       path)
 
 
-def _load_zip(path: Path, handle: Any, limits: PickleLimits, root_name: str) -> TorchArchive:
+class _Members(NamedTuple):
+    """A torch.save zip's directory: its members in order and by name, and their folder."""
+
+    archive: zipfile.ZipFile
+    infos: list[zipfile.ZipInfo]
+    by_name: dict[str, zipfile.ZipInfo]
+    prefix: str
+
+
+def _open_zip(path: Path, handle: Any) -> _Members:
+    """The zip's members, refused unless it is a torch.save archive (one folder, a data.pkl,
+    no member twice, no TorchScript code)."""
     try:
         archive = zipfile.ZipFile(handle)
     except _ZIP_ERRORS as error:
@@ -228,6 +240,12 @@ def _load_zip(path: Path, handle: Any, limits: PickleLimits, root_name: str) -> 
     pickle_name = f"{prefix}/data.pkl"
     if pickle_name not in by_name:
         raise FormatError(f"not a torch.save archive: no member {pickle_name!r}", path)
+    return _Members(archive, infos, by_name, prefix)
+
+
+def _load_zip(path: Path, handle: Any, limits: PickleLimits, root_name: str) -> TorchArchive:
+    archive, infos, by_name, prefix = _open_zip(path, handle)
+    pickle_name = f"{prefix}/data.pkl"
     file_size = os.fstat(handle.fileno()).st_size
     end_of_data = min(getattr(archive, "start_dir", file_size), file_size)
     # torch.save with set_crc32_options(False) writes CRC 0 for every member and torch.load

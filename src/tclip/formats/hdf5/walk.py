@@ -1,4 +1,4 @@
-"""The child process that does the HDF5 library's work on a file (see :mod:`tclip.formats._h5probe`).
+"""The child process that does the HDF5 library's work on a file (see :mod:`tclip.formats.hdf5.probe`).
 
 ``read FILE``: open the file as tclip does (:class:`~tclip.formats.hdf5.Hdf5Reader` with h5py in
 this process), send its description, then, if reading it needs HDF5 itself, answer requests
@@ -20,12 +20,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ._h5probe import EXIT_OUT_OF_MEMORY, PROBE_MEMORY_BYTES, beats_to, encode_values, read_frame, send_frame
+from .probe import EXIT_OUT_OF_MEMORY, PROBE_MEMORY_BYTES, beats_to, encode_values, read_frame, send_frame
 
 
 def _error_reply(error: BaseException) -> dict[str, Any]:
-    from ..errors import TclipError, UnsupportedError
-    from .hdf5 import _first_line
+    from ...errors import TclipError, UnsupportedError
+    from .safety import _first_line
 
     if isinstance(error, TclipError):
         return {"error": error.detail, "kind": "unsupported" if isinstance(error, UnsupportedError) else "format"}
@@ -35,8 +35,9 @@ def _error_reply(error: BaseException) -> dict[str, Any]:
 def _serve_reader(path: str, out: Any, requests: Any) -> int:
     import numpy as np
 
-    from ..errors import TclipError
-    from .hdf5 import _H5_ERRORS, Hdf5Reader, import_h5py
+    from ...errors import TclipError
+    from .reader import Hdf5Reader
+    from .safety import _H5_ERRORS, import_h5py
 
     import_h5py()  # (its time is the first reply's, not a stall)
     beats_to(out)  # the walk says it makes progress: a library stuck in a loop is told apart
@@ -85,8 +86,9 @@ def _serve_reader(path: str, out: Any, requests: Any) -> int:
 def _serve_writer(path: str, out: Any, requests: Any) -> int:
     import numpy as np
 
-    from ..errors import TclipError
-    from .hdf5 import _H5_ERRORS, DatasetWrites
+    from ...errors import TclipError
+    from .safety import _H5_ERRORS
+    from .writer import DatasetWrites
 
     try:
         writes = DatasetWrites(Path(path))

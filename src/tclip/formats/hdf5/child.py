@@ -1,7 +1,7 @@
 """The HDF5 child's command line, and children started early (no NumPy, no formats here).
 
 The HDF5 library's work on a file happens in a child interpreter
-(:mod:`tclip.formats._h5probe`), which spends most of its start importing NumPy and
+(:mod:`tclip.formats.hdf5.probe`), which spends most of its start importing NumPy and
 h5py. Started when the reader opens the file, that comes after tclip's own imports;
 started by the command line before them (:func:`prestart`), the two run side by side
 on two cores: measured, ``tclip report`` of a small .h5 file 0.65-0.89 s -> 0.37-0.50 s.
@@ -23,7 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-HDF5_SUFFIXES = (".h5", ".hdf5")  # formats/hdf5.py's SUFFIXES take these
+HDF5_SUFFIXES = (".h5", ".hdf5")  # the package's SUFFIXES (__init__.py) take these
 # The libraries the child imports, told to it by location (see child_command).
 _LIBRARIES = ("numpy", "h5py", "ml_dtypes", "hdf5plugin")
 _SPARES: dict[tuple[str, ...], tuple[subprocess.Popen[bytes], tuple[int, ...]]] = {}
@@ -39,7 +39,7 @@ def child_command(*args: str) -> list[str]:
     named here are those this process imported the libraries from, or would import them
     from (found without importing them); each is absolute.
     """
-    source = str(Path(__file__).resolve().parents[1])  # the folder holding the tclip package
+    source = str(Path(__file__).resolve().parents[3])  # the folder holding the tclip package
     libraries = []
     for name in _LIBRARIES:
         module = sys.modules.get(name)
@@ -50,7 +50,7 @@ def child_command(*args: str) -> list[str]:
     # interpreter's own, where an isolated child finds them anyway (a venv's site-packages).
     code = (f"import sys; sys.path.insert(0, {source!r}); "
             f"sys.path += [p for p in {libraries!r} if p not in sys.path]; "
-            "from tclip.formats._h5walk import main; sys.exit(main())")
+            "from tclip.formats.hdf5.walk import main; sys.exit(main())")
     return [sys.executable, "-I", "-B", "-c", code, *args]
 
 

@@ -4,7 +4,7 @@ The HDF5 library is C code that trusts a file's metadata more than it should: a
 few flipped bits in an object header, a B-tree, a heap or a compressed chunk can
 make it crash (SIGSEGV), loop, or fail in ways h5py reports as odd exceptions. tclip
 reads untrusted files, so everything the library does with one happens in a child
-process (:mod:`tclip.formats._h5walk`), never in tclip's own:
+process (:mod:`tclip.formats.hdf5.walk`), never in tclip's own:
 
 - reading: the child opens the file, walks its structure (groups, links, attributes,
   dataset headers, chunk indexes, overlaps) and sends back a plain description;
@@ -40,8 +40,8 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from ..children import child_command, close_pipes, kill_process, take
-from ..errors import FormatError, TclipError, UnsupportedError
+from .child import child_command, close_pipes, kill_process, take
+from ...errors import FormatError, TclipError, UnsupportedError
 
 # The walk of a file of a few MiB takes well under a second; a hang is refused after this
 # long, plus a second per 16 MiB of file (chunk indexes and object headers grow with it).
