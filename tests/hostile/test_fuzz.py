@@ -31,6 +31,9 @@ REGRESSIONS = {
 }
 
 
+pytestmark = pytest.mark.slow  # every command over damaged copies of each seed: minutes
+
+
 @pytest.fixture(scope="module")
 def fuzz(tmp_path_factory):
     folder = tmp_path_factory.mktemp("fuzz")
@@ -48,7 +51,6 @@ def test_the_seed_files_are_all_here(fuzz):
     assert sorted(seeds) == sorted(SEEDS)
 
 
-@pytest.mark.slow  # every command over damaged copies of each seed
 @pytest.mark.parametrize("seed", SEEDS)
 def test_damaged_files_end_every_command_cleanly(fuzz, seed):
     folder, seeds, references, server = fuzz

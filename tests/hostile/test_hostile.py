@@ -129,6 +129,7 @@ def seeds(tmp_path_factory):
     return valid_files(tmp_path_factory.mktemp("seeds"))
 
 
+@pytest.mark.slow  # hypothesis over every format: minutes for HDF5
 @pytest.mark.parametrize("kind", list(SUFFIX))
 @settings(max_examples=int(os.environ.get("TCLIP_FUZZ_EXAMPLES", "25")), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -214,6 +215,7 @@ def test_empty_tensor_with_a_huge_dimension_costs_nothing(tmp_path):
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.slow  # a header of many tensors, read whole
 def test_many_tensors_in_a_big_header(tmp_path):
     count = 100_000
     header = {f"t{i}": {"dtype": "F32", "shape": [1], "data_offsets": [4 * i, 4 * i + 4]} for i in range(count)}
