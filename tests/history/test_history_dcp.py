@@ -18,6 +18,7 @@ import pytest
 from support.cli import run
 
 pytest.importorskip("torch", reason="torch writes the DCP folders (the test-torch extra)")
+pytestmark = pytest.mark.slow  # torch writes a run of DCP step folders in a child process
 
 CHILD = textwrap.dedent("""
     import json, sys, warnings

@@ -218,6 +218,7 @@ torch.save({"model": m.state_dict(), "optimizer": opt.state_dict()}, sys.argv[1]
 """
 
 
+@pytest.mark.slow  # torch in a child process
 @needs_torch
 def test_tied_weights_are_one_parameter(tmp_path):
     path = tmp_path / "step_2.pt"

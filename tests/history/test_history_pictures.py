@@ -141,6 +141,7 @@ def test_colours_are_relative_to_each_rows_median():
     assert NONFINITE not in finite and MISSING not in [tuple(c) for c in colours[1]]
 
 
+@pytest.mark.slow  # a 200 x 1000 grid drawn
 def test_200_tensors_by_1000_steps_is_one_picture_under_5_mb():
     rng = np.random.default_rng(1)
     rows = [f"model.layers.{i // 8}.block.{i % 8}.weight" for i in range(200)]
@@ -184,6 +185,7 @@ def test_heatmap_bins_steps_to_the_width_keeping_the_spike():
     assert [len(b) for b in bins(500, 66)] == [len(b) for b in bins(500, 66)] and sum(map(len, bins(500, 66))) == 500
 
 
+@pytest.mark.slow  # two child interpreters import tclip
 def test_pictures_cost_nothing_until_asked_for(run_folder):
     """--help imports none of it; a summary without --plot/--heatmap imports no picture module nor Pillow."""
     import subprocess
