@@ -129,6 +129,7 @@ def test_an_unreadable_dtype_fails_the_gate(tmp_path):
         in result.stderr
 
 
+@pytest.mark.slow  # a child interpreter without hdf5plugin, 12 s
 def test_a_missing_hdf5_filter_fails_the_gate(tmp_path):
     hdf5plugin = pytest.importorskip("hdf5plugin")
     path = tmp_path / "blosc.h5"

@@ -94,6 +94,7 @@ def test_a_subnormal_clip_renders_its_table(tmp_path):
         assert "model.layers.17.self_attn.k_proj.weight" in result.stdout
 
 
+@pytest.mark.slow  # measured 32 s
 def test_names_over_255_bytes_are_one_clean_error(tmp_path):
     source = tmp_path / "g.safetensors"
     source.write_bytes(safetensors_bytes({"w": np.ones(3, np.float32)}))
@@ -125,6 +126,7 @@ def test_name_list_is_bounded():
 # ------------------------------------------------------------------ 20.14 NO_COLOR
 
 
+@pytest.mark.slow  # tclip in pseudo-terminals, 12 s
 def test_no_color_writes_no_escape_codes_unless_color_always(tmp_path):
     source = tmp_path / "g.safetensors"
     source.write_bytes(safetensors_bytes(llama_tensors()))
