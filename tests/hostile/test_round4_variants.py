@@ -9,15 +9,11 @@ import struct
 from pathlib import Path
 
 import numpy as np
-import torch_helpers as th
-from click.testing import CliRunner
+import support.torch_helpers as th
+from support.cli import run
 
-from tclip.cli import cli
 from tclip.formats.torch import archive as _torch_archive
 
-
-def run(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
 
 
 def wrap(path: Path, pickle: bytes, storages: dict[str, bytes]) -> Path:
@@ -125,7 +121,7 @@ def test_a_sharded_trainer_checkpoint_copies_its_scheduler_and_rng_state(tmp_pat
     shards = {"model-00001-of-00002.safetensors": {"model.layers.0.mlp.down_proj.weight": np.full((4, 4), 2.0,
                                                                                                  np.float32)},
               "model-00002-of-00002.safetensors": {"lm_head.weight": np.full((8, 4), 1.0, np.float32)}}
-    from formats_helpers import safetensors_bytes
+    from support.formats_helpers import safetensors_bytes
     weight_map = {}
     for name, tensors in shards.items():
         (folder / name).write_bytes(safetensors_bytes(tensors))

@@ -14,11 +14,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
-from dcp_helpers import expected, make_all
+from support.cli import run
+from support.dcp_helpers import expected, make_all
 from safetensors.numpy import load_file, save_file
 
-from tclip.cli import cli
 from tclip.errors import OutputExistsError
 from tclip.formats import TensorInfo
 from tclip.formats.torch.pickled import TORCH_DTYPES
@@ -28,9 +27,6 @@ from tclip.work.convert import convert, parse_shard_size, plan_shards
 
 K_PROJ = "model.layers.17.self_attn.k_proj.weight"
 
-
-def run(*args: object) -> object:
-    return CliRunner().invoke(cli, [str(a) for a in args])
 
 
 @pytest.fixture(scope="session")
@@ -273,6 +269,7 @@ def dcp_values(arrays: dict, meta: dict) -> dict[str, np.ndarray]:
             for name, info in meta["tensors"].items()}
 
 
+@pytest.mark.slow  # torch writes the DCP folders in a child process
 def test_dcp_folder_to_folder_is_what_torch_loads_back(dcp_root: Path, tmp_path: Path) -> None:
     folder, arrays, meta = expected(dcp_root, "ranks2")
     result = run("convert", folder, tmp_path / "hf")
@@ -294,6 +291,7 @@ def excludes_from(output: str) -> list[str]:
     return args
 
 
+@pytest.mark.slow  # torch writes the DCP folders in a child process
 def test_dcp_optimizer_state_is_left_out_with_a_note(dcp_root: Path, tmp_path: Path) -> None:
     folder, arrays, meta = expected(dcp_root, "single")
     want = dcp_values(arrays, meta)
@@ -313,6 +311,7 @@ def test_dcp_optimizer_state_is_left_out_with_a_note(dcp_root: Path, tmp_path: P
     same_bits(load_file(str(tmp_path / "all.safetensors")), want)
 
 
+@pytest.mark.slow  # torch writes the DCP folders in a child process
 def test_dcp_pickled_items_named_by_include_cannot_go_into_safetensors(dcp_root: Path, tmp_path: Path) -> None:
     folder, _, _ = expected(dcp_root, "single")
     result = run("convert", folder, tmp_path / "x.safetensors", "--include", "*")

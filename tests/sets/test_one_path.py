@@ -11,10 +11,10 @@ import json
 
 import numpy as np
 from click.testing import CliRunner
-from test_sets import sharded
+from support.sets import sharded
 
 from tclip.cli import cli
-from formats_helpers import safetensors_bytes
+from support.formats_helpers import safetensors_bytes
 
 LAYERS = {f"model.layers.{i}.self_attn.k_proj.weight": np.random.default_rng(i).standard_normal((32, 48))
           .astype(np.float32) for i in range(3)}
