@@ -1,6 +1,6 @@
 """``tclip.summary(..., of="grads"|"drift")``: the same objects and values as
 ``tclip report --summary --of grads|drift --json``, on a real AdamW run (torch in a
-subprocess: tests/history_run.py)."""
+subprocess: tests/support/history_run.py)."""
 
 from __future__ import annotations
 
@@ -17,13 +17,15 @@ from click.testing import CliRunner
 import tclip
 from tclip.cli import cli
 
+from support import TESTS
+
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch writes the training run")
 
 
 @pytest.fixture(scope="module")
 def training(tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
-    script = Path(__file__).parent / "history_run.py"
+    script = TESTS / "support" / "history_run.py"
     done = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     return out, json.loads((out / "truth.json").read_text())
@@ -40,6 +42,7 @@ def step_files(folder: Path) -> list[Path]:
 
 
 @needs_torch
+@pytest.mark.slow  # torch trains the run in a child process
 @pytest.mark.parametrize("layout", ["pt", "hf"])
 def test_grads_summary_is_the_command_lines_json(training, layout):
     out, truth = training
@@ -68,6 +71,7 @@ def test_grads_summary_is_the_command_lines_json(training, layout):
 
 
 @needs_torch
+@pytest.mark.slow  # torch trains the run in a child process
 def test_history_summary_to_pandas(training):
     pytest.importorskip("pandas")
     out, _ = training
@@ -78,6 +82,7 @@ def test_history_summary_to_pandas(training):
 
 
 @needs_torch
+@pytest.mark.slow  # torch trains the run in a child process
 def test_drift_summary_is_the_command_lines_json_and_exact(training):
     out, truth = training
     files = step_files(out / "pt")
