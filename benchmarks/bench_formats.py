@@ -40,7 +40,7 @@ def write_pt(path: Path, data: dict[str, np.ndarray], transposed: bool = False) 
         import torch
     except ImportError:
         sys.path.insert(0, str(HERE.parent / "tests"))
-        import torch_helpers
+        from support import torch_helpers
 
         storages = {str(i): a.reshape(-1) for i, a in enumerate(data.values())}
         views = {}
@@ -49,7 +49,7 @@ def write_pt(path: Path, data: dict[str, np.ndarray], transposed: bool = False) 
             views[name] = torch_helpers.View(str(i), 0, (cols, rows), (1, cols)) if transposed \
                 else torch_helpers.contiguous(str(i), a.shape)
         torch_helpers.save(path, storages, views)
-        return "tests/torch_helpers.py"
+        return "tests/support/torch_helpers.py"
     state = {name: torch.from_numpy(a) for name, a in data.items()}
     if transposed:
         state = {name: t.t() for name, t in state.items()}

@@ -16,7 +16,7 @@ from typing import Any, Iterable, Iterator, Sequence, Union
 
 import numpy as np
 
-from .api_records import ClipResult, DiffResult, Report, Summary, TensorInfo
+from .api_records import ClipResult, DiffResult, HistorySummary, Report, Summary, TensorInfo
 from .core.modes import AverageNormClip, GlobalNormClip, Mode, NormClip, ValueClip
 from .core.stats import AxesLike, parse_axes
 from .errors import TclipError
@@ -221,19 +221,38 @@ def report(path: PathLike, *, max_norm: float | None = None, axes: AxesLike = No
 
 def summary(paths: PathLike | Iterable[PathLike], *, of: str = "norms", ord: str = "2",
             include: Sequence[str] = (), exclude: Sequence[str] = (), recursive: bool = False,
-            memory: int = Budget.memory, threads: int = 0) -> Summary:
-    """``tclip report --summary``: one report per file or set (files, folders, globs), in
-    step order. ``of``: "norms" (the only quantity the API summarizes yet)."""
+            memory: int = Budget.memory, threads: int = 0, sort: str = "name") -> Summary | HistorySummary:
+    """``tclip report --summary --of norms|grads|drift``: one report per file or set (files,
+    folders, globs), in step order (``of="norms"``, a :class:`Summary`), or the run's gradient
+    norms from Adam state (``"grads"``) or its weights' drift between checkpoints (``"drift"``),
+    a :class:`HistorySummary`. ``sort`` ("name" or "order") orders grads and drift's files."""
     from .work.summary import in_step_order
 
-    if of != "norms":
-        raise ValueError(f"of={of!r}: tclip.summary gives norms (of='norms')")
+    if of not in ("norms", "grads", "drift"):
+        raise ValueError(f"of={of!r}: tclip.summary gives 'norms', 'grads' or 'drift'")
     items = paths if isinstance(paths, (str, os.PathLike)) else list(paths)
+    if of != "norms":
+        return _history(items, of, _selection(include, exclude), recursive, memory, threads, sort)
     selection = _selection(include, exclude)
     reports = [_report(name, item, max_norm=None, axes=None, ord=ord, selection=selection, stats=False,
                        memory=memory, threads=threads) for name, item in _inputs(items, False, recursive)]
     by_file = {r.raw.file: r for r in reports}
     return Summary(of, [by_file[r.file] for r in in_step_order([r.raw for r in reports])])
+
+
+def _history(items: PathLike | list[PathLike], of: str, selection: Selection, recursive: bool, memory: int,
+             threads: int, sort: str) -> HistorySummary:
+    """``--of grads|drift``: the work layer's grid over the files, as the command line builds it."""
+    from .work.history import drift_grid, grads_grid, grid_json
+    from .work.summary import file_labels
+
+    if sort not in ("name", "order"):
+        raise ValueError(f"sort={sort!r}: 'name' or 'order'")
+    paths = [item for _, item in _inputs(items, False, recursive, use_sets=False) if isinstance(item, Path)]
+    grid = grads_grid(paths, sort, selection) if of == "grads" else drift_grid(paths, sort, selection, memory,
+                                                                                threads)
+    labels = file_labels(grid.columns)
+    return HistorySummary(of, grid_json(grid, labels), grid)
 
 
 # --------------------------------------------------------------------------- clip, diff

@@ -161,6 +161,55 @@ class Summary:
 
 
 @dataclass
+class HistorySummary:
+    """The result of ``tclip.summary(..., of="grads"|"drift")``: one entry per checkpoint (a
+    file, or a Trainer ``checkpoint-N/`` folder), in step order.
+
+    ``items`` are the command line's ``--json`` objects (``to_json()``), one per checkpoint;
+    ``raw`` is the work layer's grid (tensors x checkpoints).
+    """
+
+    of: str
+    items: list[dict[str, Any]]
+    raw: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def files(self) -> list[str]:
+        return [item["file"] for item in self.items]
+
+    @property
+    def tensors(self) -> list[str]:
+        """The tensor names (the grid's rows), natural order."""
+        return list(self.raw.rows)
+
+    def to_records(self, ema: bool = False) -> list[dict[str, Any]]:
+        """One dict per checkpoint: ``file``, ``label``, then each tensor's value under its name:
+        for grads the interval gradient norm since the previous checkpoint (with ``ema=True``,
+        the bias-corrected EMA norm instead), for drift the drift (None in the first). A tensor
+        with no value in a checkpoint is None there."""
+        if ema and self.of != "grads":
+            raise ValueError("ema=True: only a grads summary has EMA norms")
+        rows = []
+        for c, item in enumerate(self.items):
+            row: dict[str, Any] = {"file": item["file"], "label": item["label"]}
+            if ema:
+                by_name = {d["name"]: d["ema_norm"] for d in self.raw.extra.get(item["file"], [])}
+                row.update({name: by_name.get(name) for name in self.raw.rows})
+            else:
+                row.update({name: self.raw.values[r][c] for r, name in enumerate(self.raw.rows)})
+            rows.append(row)
+        return rows
+
+    def to_pandas(self, ema: bool = False) -> Any:
+        """A DataFrame indexed by file, a column per tensor (needs pandas)."""
+        return _pandas().DataFrame(self.to_records(ema)).set_index("file")
+
+    def to_json(self) -> list[dict[str, Any]]:
+        """The command line's ``--json`` objects, one per checkpoint."""
+        return self.items
+
+
+@dataclass
 class ClipResult:
     """The result of :func:`tclip.clip`: ``clipped`` names the tensors it scaled;
     ``output`` is the file (or index) written, None on a dry run."""
