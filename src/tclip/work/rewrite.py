@@ -20,6 +20,7 @@ from ..core.zeros import counted, counts_flushes, flush_limit, flushed_count, no
 from ..errors import TclipError, UnsupportedError
 from ..formats import TensorReader, TensorWriter, create_writer, open_reader
 from ..formats.atomic import identity_of
+from ..formats.base import TensorInfo
 from ..formats.registry import holds_metadata, output_format
 from ..messages import Option
 from ..quant.contract import LandingCheck, computing
@@ -255,6 +256,23 @@ def _check_encoded(reader: TensorReader, walks: list[Walk], result: RewriteResul
             result.flushed[walk.name] = flushed
 
 
+def _start_after(name: str, info: TensorInfo, task: TensorWork, axes: object, result: RewriteResult,
+                 flushing: dict[str, int | None]) -> tuple[int, ...] | None:
+    """Start ``name``'s after-statistics and its flush count (in ``flushing``); the axes its slices keep."""
+    tensor_axes = normalize_axes(axes, len(info.shape)) if task.scale is not None and task.scale.ndim else None
+    result.after[name] = TensorStats.empty(info.shape, tensor_axes)
+    result.changed[name] = 0
+    if task.scale is not None and task.bounds is None and info.encoding is None \
+            and counted(info.dtype):
+        result.flushed[name] = 0
+        smallest = float(np.min(task.scale)) if np.size(task.scale) else 1.0
+        if counts_flushes(info.dtype, smallest):
+            # One factor: the codes that flush are a range, counted once before scaling;
+            # per-slice factors: the non-zero values before and after.
+            flushing[name] = flush_limit(info.dtype, smallest) if task.scale.ndim == 0 else None
+    return tensor_axes
+
+
 def _run_rewrite(reader: TensorReader, writer: TensorWriter | None, work: dict[str, TensorWork], axes: object,
                  budget: Budget, progress: Progress | None, held: HeldTensors | None, written: set[str],
                  result: RewriteResult, measure_after: bool = True) -> None:
@@ -273,17 +291,7 @@ def _run_rewrite(reader: TensorReader, writer: TensorWriter | None, work: dict[s
         if task is None or name not in reader.tensors or reader.tensors[name].encoding is not None:
             steps.append(Action(name, lambda n=name: _copy(stored, writer, n, written)))
             continue
-        tensor_axes = normalize_axes(axes, len(info.shape)) if task.scale is not None and task.scale.ndim else None
-        result.after[name] = TensorStats.empty(info.shape, tensor_axes)
-        result.changed[name] = 0
-        if task.scale is not None and task.bounds is None and info.encoding is None \
-                and counted(info.dtype):
-            result.flushed[name] = 0
-            smallest = float(np.min(task.scale)) if np.size(task.scale) else 1.0
-            if counts_flushes(info.dtype, smallest):
-                # One factor: the codes that flush are a range, counted once before scaling;
-                # per-slice factors: the non-zero values before and after.
-                flushing[name] = flush_limit(info.dtype, smallest) if task.scale.ndim == 0 else None
+        tensor_axes = _start_after(name, info, task, axes, result, flushing)
         steps.append(tensor_walk(reader, name, axes=tensor_axes, held=held,
                                  writer=writer if writer is not None and name in written else None))
     steps += after_walks
