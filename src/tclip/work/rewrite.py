@@ -85,7 +85,8 @@ def rewrite_file(source: Path | str | TensorReader, work: dict[str, TensorWork],
                         held, drop_nonnumeric, metadata, writer_factory, measure_after, commit_marker, expect)
     with open_logical(source, layout, None if layout is None else str(source)) as reader:
         return _rewrite(reader, work, target, axes, overwrite, budget or Budget(), progress, held,
-                        drop_nonnumeric, metadata, writer_factory, measure_after, commit_marker, expect)
+                        drop_nonnumeric, metadata, writer_factory, measure_after, commit_marker, expect,
+                        measured=Path(source))
 
 
 def check_same(path: Path | str, expect: tuple[int, int, int] | None) -> None:
@@ -116,9 +117,13 @@ def _rewrite(reader: TensorReader, work: dict[str, TensorWork], target: Path | N
              overwrite: bool, budget: Budget, progress: Progress | None, held: HeldTensors | None,
              drop_nonnumeric: bool, metadata: dict[str, str] | None,
              writer_factory: Callable[..., TensorWriter] | None, measure_after: bool = True,
-             commit_marker: Path | None = None, expect: tuple[int, int, int] | None = None) -> RewriteResult:
+             commit_marker: Path | None = None, expect: tuple[int, int, int] | None = None,
+             measured: Path | None = None) -> RewriteResult:
+    # ``measured``: the path pass 1 took the identity of (a DCP folder's reader is named by the
+    # folder, but what pass 1 measured, and what must not change, is its .metadata)
     started = time.perf_counter()
-    check_same(reader.path, expect)  # (after the reader opened it: what it reads is that file)
+    measured = reader.path if measured is None else measured
+    check_same(measured, expect)  # (after the reader opened it: what it reads is that file)
     if reader.damage is not None:
         raise TclipError(reader.damage, reader.path)
     result = RewriteResult(str(reader.path), None if target is None else str(target), {}, {},
@@ -147,7 +152,7 @@ def _rewrite(reader: TensorReader, work: dict[str, TensorWork], target: Path | N
     try:
         _run_rewrite(reader, writer, work, axes, budget, progress, held, written, result, measure_after)
         if writer is not None:
-            check_same(reader.path, expect)
+            check_same(measured, expect)
             writer.commit(commit_marker)
             result.written = getattr(getattr(writer, "output", None), "written", None)
             result.bytes_written = os.stat(target).st_size  # type: ignore[arg-type]
