@@ -479,7 +479,7 @@ static PyObject *lookup(PyObject *self, PyObject *args)
  *   (2**-24 at the least, which takes subnormal results in) rounds it to a multiple of that
  *   quantum, to nearest, ties to even (1.5 * 2**52 is even). That multiple times 2**-112 is a
  *   float32 whose bits, shifted right by 13, are the float16's; past 65,504 they are Inf's.
- *   The sign is put back last. (This is kernels._narrow_float16's rounding.)
+ *   The sign is put back last. (This is widening._narrow_float16's rounding.)
  * - bfloat16: the bits shifted left by 16 are the float32 value; the product rounded to
  *   float32 by the cast, then to bfloat16 by adding 0x7FFF and the lowest kept bit.
  * Each row is first checked for Inf and NaN (exponent all ones), whose handling is NumPy's

@@ -395,8 +395,8 @@ def _check_plan(run: _Run, pool: TaskPool, plan: Plan, stats: list[FileStats], t
             check_tied(file_stats, plan.work[file_stats.path], run.mode.name)
     check_quantized_plan(plan, stats, run.where)
     if not options.dry_run:
-        for file_stats in stats:  # nothing is written when a file is not the one measured
-            check_same(file_stats.path, file_stats.identity)
+        for f, file_stats in zip(todo, stats):  # nothing is written when a file is not the one measured
+            check_same(f, file_stats.identity)  # (the path measured: a DCP folder's .metadata)
     may_miss = rescales_that_may_miss(plan, stats) if len(todo) > 1 and not options.dry_run else {}
     if may_miss:  # where a rescale may miss its factor, check it before any file is written
         pool.map(rewrite_task, [((path, work, None, run.axes, False, pool.task_budget, options.drop_nonnumeric),
@@ -562,8 +562,9 @@ def _finish_set_report(run: _Run, report: FileReport, stats: list[FileStats], pl
     """The after-columns and totals from the plan and pass 2."""
     targets = run.targets
     if run.one:
-        for s in stats:
-            _measure_owned(s, rewrites.get(s.path), targets[Path(s.path)])
+        for s in stats:  # (one file: its target, whatever its reader calls it -- a DCP folder for its .metadata)
+            target = targets[Path(s.path)] if Path(s.path) in targets else next(iter(targets.values()), None)
+            _measure_owned(s, rewrites.get(s.path), target)
             finish_report(report, s, plan, rewrites.get(s.path))
         return
     by_name = {t.name: t for t in report.tensors}

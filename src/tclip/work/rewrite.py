@@ -21,6 +21,7 @@ from ..core.zeros import counted, counts_flushes, flush_limit, flushed_count, no
 from ..errors import TclipError, UnsupportedError
 from ..formats import TensorReader, TensorWriter, create_writer, open_reader
 from ..formats.atomic import identity_of
+from ..formats.base import TensorInfo
 from ..formats.registry import holds_metadata, output_format
 from ..messages import Option
 from ..quant.contract import LandingCheck, computing
@@ -85,7 +86,8 @@ def rewrite_file(source: Path | str | TensorReader, work: dict[str, TensorWork],
                         held, drop_nonnumeric, metadata, writer_factory, measure_after, commit_marker, expect)
     with open_logical(source, layout, None if layout is None else str(source)) as reader:
         return _rewrite(reader, work, target, axes, overwrite, budget or Budget(), progress, held,
-                        drop_nonnumeric, metadata, writer_factory, measure_after, commit_marker, expect)
+                        drop_nonnumeric, metadata, writer_factory, measure_after, commit_marker, expect,
+                        measured=Path(source))
 
 
 def check_same(path: Path | str, expect: tuple[int, int, int] | None) -> None:
@@ -116,9 +118,13 @@ def _rewrite(reader: TensorReader, work: dict[str, TensorWork], target: Path | N
              overwrite: bool, budget: Budget, progress: Progress | None, held: HeldTensors | None,
              drop_nonnumeric: bool, metadata: dict[str, str] | None,
              writer_factory: Callable[..., TensorWriter] | None, measure_after: bool = True,
-             commit_marker: Path | None = None, expect: tuple[int, int, int] | None = None) -> RewriteResult:
+             commit_marker: Path | None = None, expect: tuple[int, int, int] | None = None,
+             measured: Path | None = None) -> RewriteResult:
+    # ``measured``: the path pass 1 took the identity of (a DCP folder's reader is named by the
+    # folder, but what pass 1 measured, and what must not change, is its .metadata)
     started = time.perf_counter()
-    check_same(reader.path, expect)  # (after the reader opened it: what it reads is that file)
+    measured = reader.path if measured is None else measured
+    check_same(measured, expect)  # (after the reader opened it: what it reads is that file)
     if reader.damage is not None:
         raise TclipError(reader.damage, reader.path)
     result = RewriteResult(str(reader.path), None if target is None else str(target), {}, {},
@@ -147,7 +153,7 @@ def _rewrite(reader: TensorReader, work: dict[str, TensorWork], target: Path | N
     try:
         _run_rewrite(reader, writer, work, axes, budget, progress, held, written, result, measure_after)
         if writer is not None and target is not None:  # (a writer is made only for a target)
-            check_same(reader.path, expect)
+            check_same(measured, expect)
             writer.commit(commit_marker)
             result.written = getattr(getattr(writer, "output", None), "written", None)
             result.bytes_written = os.stat(target).st_size
@@ -256,6 +262,23 @@ def _check_encoded(reader: TensorReader, walks: list[Walk], result: RewriteResul
             result.flushed[walk.name] = flushed
 
 
+def _start_after(name: str, info: TensorInfo, task: TensorWork, axes: Axes, result: RewriteResult,
+                 flushing: dict[str, int | None]) -> tuple[int, ...] | None:
+    """Start ``name``'s after-statistics and its flush count (in ``flushing``); the axes its slices keep."""
+    tensor_axes = normalize_axes(axes, len(info.shape)) if task.scale is not None and task.scale.ndim else None
+    result.after[name] = TensorStats.empty(info.shape, tensor_axes)
+    result.changed[name] = 0
+    if task.scale is not None and task.bounds is None and info.encoding is None \
+            and counted(info.dtype):
+        result.flushed[name] = 0
+        smallest = float(np.min(task.scale)) if np.size(task.scale) else 1.0
+        if counts_flushes(info.dtype, smallest):
+            # One factor: the codes that flush are a range, counted once before scaling;
+            # per-slice factors: the non-zero values before and after.
+            flushing[name] = flush_limit(info.dtype, smallest) if task.scale.ndim == 0 else None
+    return tensor_axes
+
+
 def _run_rewrite(reader: TensorReader, writer: TensorWriter | None, work: dict[str, TensorWork], axes: Axes,
                  budget: Budget, progress: Progress | None, held: HeldTensors | None, written: set[str],
                  result: RewriteResult, measure_after: bool = True) -> None:
@@ -274,17 +297,7 @@ def _run_rewrite(reader: TensorReader, writer: TensorWriter | None, work: dict[s
         if task is None or name not in reader.tensors or reader.tensors[name].encoding is not None:
             steps.append(Action(name, functools.partial(_copy, stored, writer, name, written)))
             continue
-        tensor_axes = normalize_axes(axes, len(info.shape)) if task.scale is not None and task.scale.ndim else None
-        result.after[name] = TensorStats.empty(info.shape, tensor_axes)
-        result.changed[name] = 0
-        if task.scale is not None and task.bounds is None and info.encoding is None \
-                and counted(info.dtype):
-            result.flushed[name] = 0
-            smallest = float(np.min(task.scale)) if np.size(task.scale) else 1.0
-            if counts_flushes(info.dtype, smallest):
-                # One factor: the codes that flush are a range, counted once before scaling;
-                # per-slice factors: the non-zero values before and after.
-                flushing[name] = flush_limit(info.dtype, smallest) if task.scale.ndim == 0 else None
+        tensor_axes = _start_after(name, info, task, axes, result, flushing)
         steps.append(tensor_walk(reader, name, axes=tensor_axes, held=held,
                                  writer=writer if writer is not None and name in written else None))
     steps += after_walks

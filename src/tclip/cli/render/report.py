@@ -4,7 +4,7 @@ slices, a summary line; and the line a run of several files ends with."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +70,48 @@ def order_tensors(tensors: list[TensorReport], sort: str) -> list[TensorReport]:
     return list(tensors)
 
 
+def _stats_columns(tensors: list[TensorReport], numbers: Callable[[list[float | None]], list[Text]],
+                   symbols: Symbols) -> list[Column]:
+    """The ``--stats`` columns of a report: min, max, mean, std, zeros, log2 histogram."""
+    columns = []
+    columns.append(Column("min", "min", numbers([t.min for t in tensors]), "right", drop=4))
+    columns.append(Column("max", "max", numbers([t.max for t in tensors]), "right", drop=4))
+    columns.append(Column("mean", "mean", numbers([t.mean for t in tensors]), "right", drop=4))
+    columns.append(Column("std", "std", numbers([t.std for t in tensors]), "right", drop=4))
+    zeros = [Text(f"{100 * t.zeros / t.numel:.1f}%" if t.zeros is not None and t.numel else "")
+             for t in tensors]
+    columns.append(Column("zeros", "zeros", zeros, "right", drop=4))
+    hist = [Text(sparkline(t.histogram[1], symbols) if t.histogram and t.histogram[1] else "", style="cyan")
+            for t in tensors]
+    columns.append(Column("hist", "log2 |x|", hist, drop=1))
+    return columns
+
+
+def _change_columns(tensors: list[TensorReport], report: FileReport,
+                    numbers: Callable[[list[float | None]], list[Text]], slice_mode: bool, measured: list[bool],
+                    symbols: Symbols) -> list[Column]:
+    """A rewrite's columns: the compared norm before, after, and the scale (or values changed)."""
+    columns = []
+    before = [t.max_slice_norm if slice_mode else _compared_norm(t, report) for t in tensors]
+    after = []
+    for t in tensors:
+        value = t.max_slice_norm_after if slice_mode else t.norm_after
+        if report.mode == "average" and value is not None and t.numel:
+            value = value / t.numel
+        after.append(value)
+    first = numbers(before)
+    for cell, t in zip(first, tensors):
+        if t.skipped is not None and t.norm is None:
+            cell.append("skipped", style="dim")
+    columns.append(Column("before", "max slice" if slice_mode else "average" if report.mode == "average"
+                          else "norm", first, "right"))
+    columns.append(Column("after", "after", numbers(after), "right", drop=3))
+    columns.append(Column("scale", "changed" if report.mode == "value" else "scale",
+                          [_scale_text(t, report, symbols) if m else Text("") for t, m in zip(tensors, measured)],
+                          "right", drop=4))
+    return columns
+
+
 def file_lines(report: FileReport, width: int | None, symbols: Symbols = UNICODE, *, sort: str = "order",
                top: int | None = None, stats: bool = False,
                gave_way: list[str] | None = None,
@@ -115,34 +157,9 @@ def file_lines(report: FileReport, width: int | None, symbols: Symbols = UNICODE
             columns.append(Column("min_slice", "min slice", numbers([t.min_slice_norm for t in tensors]), "right",
                                   drop=2))
         if stats:
-            columns.append(Column("min", "min", numbers([t.min for t in tensors]), "right", drop=4))
-            columns.append(Column("max", "max", numbers([t.max for t in tensors]), "right", drop=4))
-            columns.append(Column("mean", "mean", numbers([t.mean for t in tensors]), "right", drop=4))
-            columns.append(Column("std", "std", numbers([t.std for t in tensors]), "right", drop=4))
-            zeros = [Text(f"{100 * t.zeros / t.numel:.1f}%" if t.zeros is not None and t.numel else "")
-                     for t in tensors]
-            columns.append(Column("zeros", "zeros", zeros, "right", drop=4))
-            hist = [Text(sparkline(t.histogram[1], symbols) if t.histogram and t.histogram[1] else "", style="cyan")
-                    for t in tensors]
-            columns.append(Column("hist", "log2 |x|", hist, drop=1))
+            columns += _stats_columns(tensors, numbers, symbols)
     else:
-        before = [t.max_slice_norm if slice_mode else _compared_norm(t, report) for t in tensors]
-        after = []
-        for t in tensors:
-            value = t.max_slice_norm_after if slice_mode else t.norm_after
-            if report.mode == "average" and value is not None and t.numel:
-                value = value / t.numel
-            after.append(value)
-        first = numbers(before)
-        for cell, t in zip(first, tensors):
-            if t.skipped is not None and t.norm is None:
-                cell.append("skipped", style="dim")
-        columns.append(Column("before", "max slice" if slice_mode else "average" if report.mode == "average"
-                              else "norm", first, "right"))
-        columns.append(Column("after", "after", numbers(after), "right", drop=3))
-        columns.append(Column("scale", "changed" if report.mode == "value" else "scale",
-                              [_scale_text(t, report, symbols) if m else Text("") for t, m in zip(tensors, measured)],
-                              "right", drop=4))
+        columns += _change_columns(tensors, report, numbers, slice_mode, measured, symbols)
     nonfinite = [Text(f"{t.nan}/{t.inf}", style="bold magenta") if t.nonfinite else
                  Text("0" if m else "", style="dim") for t, m in zip(tensors, measured)]
     columns.append(Column("nonfinite", "NaN/Inf", nonfinite, "right"))

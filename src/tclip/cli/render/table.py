@@ -341,6 +341,41 @@ class Column:
         return max([len(self.header)] + [c.cell_len for c in self.cells])
 
 
+def _table_lines(names: list[str], shown: dict[str, str], name_width: int, name_header: str, cols: list[Column],
+                 use_short: set[str], bar_cells: list[Text] | None, bar_header: str, bar_width: int,
+                 symbols: Symbols, row_styles: list[str | None] | None) -> list[Text]:
+    """:func:`lay_out`'s header, rule and rows, once it has settled the columns and widths."""
+    col_cells = [c.short_cells if c.key in use_short and c.short_cells is not None else c.cells for c in cols]
+    widths = [max([len(c.header)] + [x.cell_len for x in cells]) for c, cells in zip(cols, col_cells)]
+    header = Text(name_header.ljust(name_width), style="bold")
+    for c, w in zip(cols, widths):
+        header.append(" " * GAP)
+        header.append(c.header.rjust(w) if c.justify == "right" else c.header.ljust(w), style="bold")
+    if bar_cells is not None:
+        header.append(" " * GAP)
+        header.append(bar_header, style="bold")
+    table_width = name_width + sum(GAP + w for w in widths) + (GAP + bar_width if bar_cells is not None else 0)
+    header.rstrip()
+    lines = [header]
+    lines.append(Text(symbols.rule * max(table_width, header.cell_len), style="dim"))
+    for row, name in enumerate(names):
+        line = Text(safe(shown[name]).ljust(name_width))
+        for c, cells, w in zip(cols, col_cells, widths):
+            cell = cells[row]
+            pad = " " * max(0, w - cell.cell_len)
+            line.append(" " * GAP)
+            line.append_text(Text(pad) + cell if c.justify == "right" else cell + Text(pad))
+        if bar_cells is not None:
+            line.append(" " * GAP)
+            line.append_text(bar_cells[row])
+        line.rstrip()
+        style = row_styles[row] if row_styles is not None else None
+        if style:
+            line.stylize(style)
+        lines.append(line)
+    return lines
+
+
 def lay_out(names: list[str], columns: list[Column], width: int | None, symbols: Symbols,
             bar: Callable[[int], list[Text]] | None = None, bar_header: str = "", name_header: str = "tensor",
             row_styles: list[str | None] | None = None, gave_way: list[str] | None = None) -> list[Text]:
@@ -398,35 +433,8 @@ def lay_out(names: list[str], columns: list[Column], width: int | None, symbols:
     name_width = max([len(name_header)] + [len(s) for s in shown.values()])
     bar_cells = bar(bar_width) if bar is not None and bar_width else None
 
-    col_cells = [c.short_cells if c.key in use_short and c.short_cells is not None else c.cells for c in cols]
-    widths = [max([len(c.header)] + [x.cell_len for x in cells]) for c, cells in zip(cols, col_cells)]
-    header = Text(name_header.ljust(name_width), style="bold")
-    for c, w in zip(cols, widths):
-        header.append(" " * GAP)
-        header.append(c.header.rjust(w) if c.justify == "right" else c.header.ljust(w), style="bold")
-    if bar_cells is not None:
-        header.append(" " * GAP)
-        header.append(bar_header, style="bold")
-    table_width = name_width + sum(GAP + w for w in widths) + (GAP + bar_width if bar_cells is not None else 0)
-    header.rstrip()
-    lines = [header]
-    lines.append(Text(symbols.rule * max(table_width, header.cell_len), style="dim"))
-    for row, name in enumerate(names):
-        line = Text(safe(shown[name]).ljust(name_width))
-        for c, cells, w in zip(cols, col_cells, widths):
-            cell = cells[row]
-            pad = " " * max(0, w - cell.cell_len)
-            line.append(" " * GAP)
-            line.append_text(Text(pad) + cell if c.justify == "right" else cell + Text(pad))
-        if bar_cells is not None:
-            line.append(" " * GAP)
-            line.append_text(bar_cells[row])
-        line.rstrip()
-        style = row_styles[row] if row_styles is not None else None
-        if style:
-            line.stylize(style)
-        lines.append(line)
-    return lines
+    return _table_lines(names, shown, name_width, name_header, cols, use_short, bar_cells, bar_header, bar_width,
+                        symbols, row_styles)
 
 
 # --------------------------------------------------------------------------- the file report
