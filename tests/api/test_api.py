@@ -319,7 +319,7 @@ def test_the_api_imports_no_cli() -> None:
 
 def test_a_gguf_split_set_opens_as_one_checkpoint(tmp_path: Path) -> None:
     import gguf
-    import gguf_helpers as gh
+    from support import gguf_helpers as gh
 
     rng = np.random.default_rng(3)
     folder = tmp_path / "model"
@@ -340,7 +340,7 @@ def test_a_gguf_split_set_opens_as_one_checkpoint(tmp_path: Path) -> None:
 
 
 def test_a_dcp_folder_opens_as_torch_saved_it(tmp_path: Path) -> None:
-    import dcp_helpers
+    from support import dcp_helpers
 
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     subprocess.run([sys.executable, str(dcp_helpers.HERE), str(tmp_path), "single"], check=True, env=env,
