@@ -250,9 +250,18 @@ def report_command(ctx: click.Context, **kwargs: Any) -> None:
         raise click.UsageError("--stats shows per-tensor statistics and --summary one row per file; use one of them")
     _check_history_options(kwargs)
     from ..formats.limits import names_within
-    from .runner import run_report
 
     with names_within(kwargs["memory"]):
+        if kwargs["summary"] and kwargs["quantity"] != "norms":
+            from .history import run_history
+            from .pictures import command_line
+
+            history = {k: kwargs[k] for k in ("files", "recursive", "quantity", "sort", "top", "include", "exclude",
+                                              "as_json", "quiet", "color", "threads", "memory", "max_drift", "plot",
+                                              "heatmap")}
+            ctx.exit(run_history(**history, command=command_line()))
+        from .runner import run_report
+
         ctx.exit(run_report(**kwargs))
 
 

@@ -12,6 +12,7 @@ from ..errors import TclipError
 from ..text import fmt_number
 from .exits import EXIT_CHECK_FAILED
 from .runner import Runner
+from .pictures import show_grid
 from .words import flag
 
 
@@ -83,26 +84,3 @@ def _with_folders(items: tuple[str, ...]) -> tuple[str, ...]:
                 continue
         out.append(item)
     return tuple(out)
-
-
-def show_grid(runner: Runner, grid: Any, plot: str | None, heatmap: bool, command: str) -> bool:
-    """Write the picture and/or draw the heatmap; False (an error said) when the picture could not be written."""
-    from ..work.summary import file_labels
-
-    labels = file_labels(grid.columns)
-    if heatmap and not runner.quiet and not runner.as_json:
-        from .render.heatmap import render_heatmap
-
-        render_heatmap(grid, [labels.get(c, c) for c in grid.columns], runner.out, runner.width)
-    if plot is not None:
-        from .render.plot import PlotError, write_plot
-
-        try:
-            write_plot(grid, [labels.get(c, c) for c in grid.columns], Path(plot), command)
-        except PlotError as error:
-            runner.error(plot, f"{plot}: {error}")
-            return False
-        except OSError as error:
-            runner.error(plot, f"{plot}: cannot write ({error.strerror or error})")
-            return False
-    return True

@@ -369,13 +369,6 @@ def run_report(*, files: tuple[str, ...], recursive: bool, order: str, axes: tup
                include: tuple[str, ...], exclude: tuple[str, ...], as_json: bool, quiet: bool, color: str,
                threads: int | None, memory: int, quantity: str = "norms", max_drift: float | None = None,
                plot: str | None = None, heatmap: bool = False) -> int:
-    if summary and quantity != "norms":
-        from .history import run_history
-
-        return run_history(files=files, recursive=recursive, quantity=quantity, sort=sort, top=top,
-                           include=include, exclude=exclude, as_json=as_json, quiet=quiet, color=color,
-                           threads=threads, memory=memory, max_drift=max_drift, plot=plot, heatmap=heatmap,
-                           command=_command_line())
     from ..work.budget import Budget
     from ..work.gate import apply_gate
     from ..work.selection import Selection
@@ -431,41 +424,14 @@ def run_report(*, files: tuple[str, ...], recursive: bool, order: str, axes: tup
             render_across_files(reports, runner.out, runner.width, sort=sort, top=changes)
         if plot is not None or heatmap:
             from ..work.history import norms_grid
-            from .history import show_grid
+            from .pictures import command_line, show_grid
 
-            if not show_grid(runner, norms_grid(in_step_order(reports, sort)), plot, heatmap, _command_line()):
+            if not show_grid(runner, norms_grid(in_step_order(reports, sort)), plot, heatmap, command_line()):
                 return 1
         runner.say_held()
         return 1 if runner.failed else (EXIT_CHECK_FAILED if runner.checks_failed else 0)
     return runner.finish()
 
-
-def _command_line() -> str:
-    """The command as typed (the pictures' title)."""
-    import shlex
-
-    import click
-
-    context = click.get_current_context(silent=True)
-    program = os.path.basename(sys.argv[0]) if sys.argv else ""
-    module = os.path.basename(os.path.dirname(sys.argv[0])) if sys.argv else ""  # python -m tclip
-    if program.startswith("tclip") or module in ("tclip", "cli") and program == "__main__.py" or context is None:
-        return " ".join(["tclip", *(shlex.quote(a) for a in sys.argv[1:])])
-    # called as a library (click's test runner): the options it was given
-    from click.core import ParameterSource
-
-    given = []
-    for param in context.command.params:
-        value = context.params.get(param.name or "")
-        if param.name == "files" or not param.opts or value in (None, False, ()) or \
-                context.get_parameter_source(param.name or "") is not ParameterSource.COMMANDLINE:
-            continue
-        given.append(param.opts[-1] if value is True else f"{param.opts[-1]} {shlex.quote(str(value))}")
-    words = ["tclip", context.info_name or "", *given, *map(shlex.quote, context.params.get("files", ()))]
-    return " ".join(words)
-
-
-# --------------------------------------------------------------------------- info
 
 
 def run_info(*, files: tuple[str, ...], recursive: bool, sort: str, as_json: bool, quiet: bool, color: str) -> int:

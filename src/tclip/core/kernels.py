@@ -40,8 +40,7 @@ from typing import Any, NamedTuple
 import ml_dtypes
 import numpy as np
 
-from .units import UNIT_ELEMENTS
-from .widening import _BFLOAT16, _buffer, narrow_into, widen
+from .widening import _BFLOAT16, Scratch, _buffer, narrow_into, widen
 
 _fused: ModuleType | None
 try:  # optional: built where a C compiler was at install time (see setup.py)
@@ -61,22 +60,6 @@ class UnitMoments:
     zeros: int = 0
     # counts per float64 exponent field (value 1023 + e for 2**e <= |x| < 2**(e+1))
     exponents: np.ndarray = field(default_factory=lambda: np.zeros(EXPONENT_BINS, np.int64))
-
-
-class Scratch:
-    """One thread's buffers for the kernels: the unit in float64 and room for temporaries.
-
-    Fresh multi-MiB arrays per unit would cost page faults every time; these live as long
-    as the thread does.
-    """
-
-    def __init__(self, elements: int = UNIT_ELEMENTS) -> None:
-        self.wide = np.empty(elements, np.float64)
-        self.work = np.empty(elements, np.float64)
-        self.extra = np.empty(elements, np.float64)
-        self.bits = np.empty(elements, np.uint32)
-
-    BYTES_PER_ELEMENT = 28
 
 
 def dot(a: np.ndarray, b: np.ndarray, buffer: np.ndarray | None = None) -> float:

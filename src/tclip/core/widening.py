@@ -1,19 +1,34 @@
 """Exact conversions of a unit to float64 and back, the first and last step of every kernel.
 
-Moved out of :mod:`tclip.core.kernels` (which re-exports :func:`widen` and :func:`narrow_into`).
+Moved out of :mod:`tclip.core.kernels` (which re-exports :class:`Scratch`, :func:`widen` and
+:func:`narrow_into`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import ml_dtypes
 import numpy as np
 
 from .dtypes import is_complex
+from .units import UNIT_ELEMENTS
 
-if TYPE_CHECKING:
-    from .kernels import Scratch
+
+class Scratch:
+    """One thread's buffers for the kernels: the unit in float64 and room for temporaries.
+
+    Fresh multi-MiB arrays per unit would cost page faults every time; these live as long
+    as the thread does.
+    """
+
+    def __init__(self, elements: int = UNIT_ELEMENTS) -> None:
+        self.wide = np.empty(elements, np.float64)
+        self.work = np.empty(elements, np.float64)
+        self.extra = np.empty(elements, np.float64)
+        self.bits = np.empty(elements, np.uint32)
+
+    BYTES_PER_ELEMENT = 28
 
 
 def _buffer(scratch: Scratch | None, name: str, count: int, dtype: Any) -> np.ndarray:
