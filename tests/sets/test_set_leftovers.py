@@ -27,15 +27,17 @@ def test_a_companion_swapped_for_a_fifo_during_pass_2_is_one_error_not_a_hang(tm
     index = sharded(tmp_path / "ckpt")
     (index.parent / "config.json").write_text('{"model_type": "llama"}\n')
     driver = (
-        "import os, sys\n"
+        "import os, sys, threading\n"
         "from pathlib import Path\n"
         "from tclip.work import clip as sets\n"
         "real = sets.rewrite_task\n"
+        "once = threading.Lock()  # the shards' tasks run on several threads: one of them swaps\n"
         "def swap_then_rewrite(*args, **kwargs):\n"
         "    config = Path(sys.argv[1]).parent / 'config.json'\n"
-        "    if not config.is_fifo():  # listed as a regular file in pass 1; a FIFO when copied\n"
-        "        config.unlink()\n"
-        "        os.mkfifo(config)\n"
+        "    with once:\n"
+        "        if not config.is_fifo():  # listed as a regular file in pass 1; a FIFO when copied\n"
+        "            config.unlink()\n"
+        "            os.mkfifo(config)\n"
         "    return real(*args, **kwargs)\n"
         "sets.rewrite_task = swap_then_rewrite\n"
         "from tclip.cli import cli\n"
