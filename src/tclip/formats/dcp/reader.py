@@ -37,7 +37,7 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -431,7 +431,7 @@ class DcpReader(TensorReader):
         self._temps.append(temp)
         # one frame per item, as torch's ZStandard extension writes it
         reader = zstandard.ZstdDecompressor().stream_reader(
-            _Window(fd, item.offset + item.length, item.offset))  # type: ignore[arg-type]
+            cast(Any, _Window(fd, item.offset + item.length, item.offset)))  # a file-like zstandard reads
         written = 0
         try:
             while True:
@@ -511,7 +511,7 @@ class DcpReader(TensorReader):
             return None
         try:
             stream = zstandard.ZstdDecompressor().stream_reader(
-                _Window(fd, item.offset + item.length, item.offset))  # type: ignore[arg-type]
+                cast(Any, _Window(fd, item.offset + item.length, item.offset)))  # a file-like zstandard reads
             data = stream.read(_MAX_VALUE_ITEM + 1)
         except zstandard.ZstdError:
             return None
