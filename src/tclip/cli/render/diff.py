@@ -88,17 +88,7 @@ def render_diff(report: DiffReport, console: Console, width: int | None, *, sort
         else:
             parts = [safe(t.name) for t in items[:FEW]]
         lines.append(Text(f"{status.value}: {name_list(parts, FEW, total=len(items))}", style="yellow"))
-    not_compared = [t for t in report.tensors if t.status is Status.NOT_COMPARED]
-    if not_compared:
-        # Each reason once, after a few of its names: one line per reason.
-        groups: dict[str, list[str]] = {}
-        for t in sorted(not_compared, key=lambda t: natural_key(t.name)):
-            groups.setdefault(str(t.note or ""), []).append(safe(t.name))
-        for reason, names in list(groups.items())[:FEW]:
-            lines.append(Text(f"not compared: {name_list(names, FEW)} ({safe(reason)})", style="yellow"))
-        if len(groups) > FEW:
-            rest = sum(len(names) for names in list(groups.values())[FEW:])
-            lines.append(Text(f"not compared: {rest} more, for {len(groups) - FEW} other reasons", style="yellow"))
+    lines += _not_compared_lines(report)
     for label, kinds, reason in (("compared as values", (RemarkKind.DTYPES_DIFFER,), " (dtypes differ)"),
                                  ("not numbers, compared exactly", (RemarkKind.BYTES, RemarkKind.AS_DATA), "")):
         picked = [t for t in compared if t.note is not None and t.note.kind in kinds]
@@ -115,6 +105,19 @@ def render_diff(report: DiffReport, console: Console, width: int | None, *, sort
                                 f"tolerance: {tolerance}"]), style="dim"))
     print_lines(console, lines)
     console.print()
+
+
+def _not_compared_lines(report: DiffReport) -> list[Text]:
+    """Each reason a tensor was not compared once, after a few of its names: one line per reason."""
+    groups: dict[str, list[str]] = {}
+    for t in sorted((t for t in report.tensors if t.status is Status.NOT_COMPARED), key=lambda t: natural_key(t.name)):
+        groups.setdefault(str(t.note or ""), []).append(safe(t.name))
+    lines = [Text(f"not compared: {name_list(names, FEW)} ({safe(reason)})", style="yellow")
+             for reason, names in list(groups.items())[:FEW]]
+    if len(groups) > FEW:
+        rest = sum(len(names) for names in list(groups.values())[FEW:])
+        lines.append(Text(f"not compared: {rest} more, for {len(groups) - FEW} other reasons", style="yellow"))
+    return lines
 
 
 def _metadata_lines(report: DiffReport) -> list[Text]:
