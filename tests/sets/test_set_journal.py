@@ -8,7 +8,7 @@ import json
 import pytest
 
 from support.cli import run
-from support.sets import sharded
+from support.sets import interrupted, sharded
 from tclip.core.modes import GlobalNormClip
 from tclip.work.options import ClipOptions
 from tclip.formats.sharded import TensorSet
@@ -16,24 +16,6 @@ from tclip.work.clip import clip_set
 from tclip.work import clip as tensorset  # where clipping a set runs its tasks
 
 
-def interrupted(tmp_path, monkeypatch):
-    """A checkpoint whose in-place global clip died after its first shard."""
-    index = sharded(tmp_path / "ckpt")
-    real = tensorset.rewrite_task
-    calls = []
-
-    def crash_on_second(*args, **kwargs):
-        calls.append(args[0])
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(tensorset, "rewrite_task", crash_on_second)
-    with pytest.raises(KeyboardInterrupt):
-        clip_set(TensorSet(str(index), [], index), GlobalNormClip(1.0), ClipOptions(in_place=True, threads=1))
-    monkeypatch.undo()
-    journal = index.with_name(index.name + ".tclip-journal")
-    return index, journal
 
 
 def first_shard(state):

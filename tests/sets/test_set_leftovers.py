@@ -12,13 +12,8 @@ import sys
 import pytest
 
 from support.cli import run
-from support.sets import sharded
-from tclip.core.modes import GlobalNormClip
+from support.sets import interrupted, sharded
 from tclip.formats.atomic import write_marker
-from tclip.work.options import ClipOptions
-from tclip.formats.sharded import TensorSet
-from tclip.work.clip import clip_set
-from tclip.work import clip as tensorset  # where clipping a set runs its tasks
 from tclip.work.journal import commit_marker
 
 
@@ -59,20 +54,7 @@ def test_a_companion_swapped_for_a_fifo_during_pass_2_is_one_error_not_a_hang(tm
 def test_a_resumed_run_leaves_no_commit_marker(tmp_path, monkeypatch):
     """Killed after the journal recorded a shard and before its marker was removed: the
     resumed run skips that shard, and must still remove its marker."""
-    index = sharded(tmp_path / "ckpt")
-    real = tensorset.rewrite_task
-    calls = []
-
-    def crash_on_second(*args, **kwargs):
-        calls.append(args[0])
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(tensorset, "rewrite_task", crash_on_second)
-    with pytest.raises(KeyboardInterrupt):
-        clip_set(TensorSet(str(index), [], index), GlobalNormClip(1.0), ClipOptions(in_place=True, threads=1))
-    monkeypatch.undo()
+    index, _ = interrupted(tmp_path, monkeypatch)
     journal = index.with_name(index.name + ".tclip-journal")
     done = json.loads(journal.read_text())["done"]
     assert done

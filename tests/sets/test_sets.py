@@ -15,7 +15,7 @@ import pytest
 
 from support.cli import run
 from support.formats_helpers import read_all, safetensors_bytes
-from support.sets import RNG, TENSORS, all_tensors, sharded, single
+from support.sets import RNG, TENSORS, all_tensors, interrupted, sharded, single
 from tclip.core.modes import GlobalNormClip
 from tclip.errors import TclipError
 from tclip.work.clip import clip_file
@@ -333,20 +333,7 @@ def test_a_dry_run_in_place_writes_nothing_not_even_a_journal(tmp_path):
 
 
 def test_a_half_clipped_checkpoint_is_never_clipped_anew(tmp_path, monkeypatch):
-    index = sharded(tmp_path / "ckpt")
-    real = tensorset.rewrite_task
-    calls = []
-
-    def crash_on_second(*args, **kwargs):
-        calls.append(args[0])
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(tensorset, "rewrite_task", crash_on_second)
-    with pytest.raises(KeyboardInterrupt):
-        clip_set(TensorSet(str(index), [], index), GlobalNormClip(1.0), ClipOptions(in_place=True, threads=1))
-    monkeypatch.undo()
+    index, _ = interrupted(tmp_path, monkeypatch)
     report = run("report", index)
     assert report.exit_code == 0 and "an in-place run was interrupted here" in report.stderr
     elsewhere = run("global", "--clip", "1", "--out-dir", tmp_path / "out", index)

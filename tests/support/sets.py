@@ -45,3 +45,30 @@ def all_tensors(folder: Path) -> dict[str, np.ndarray]:
     for shard in sorted(folder.glob("model-*.safetensors")):
         out.update(read_all(shard))
     return out
+
+
+def interrupted(tmp_path: Path, monkeypatch) -> tuple[Path, Path]:  # type: ignore[no-untyped-def]
+    """A sharded checkpoint whose in-place global clip died (KeyboardInterrupt) after its first
+    shard: (its index, its journal)."""
+    import pytest
+
+    from tclip.core.modes import GlobalNormClip
+    from tclip.formats.sharded import TensorSet
+    from tclip.work import clip as clipping  # where clipping a set runs its tasks
+    from tclip.work.options import ClipOptions
+
+    index = sharded(tmp_path / "ckpt")
+    real = clipping.rewrite_task
+    calls = []
+
+    def crash_on_second(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(args[0])
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(clipping, "rewrite_task", crash_on_second)
+    with pytest.raises(KeyboardInterrupt):
+        clipping.clip_set(TensorSet(str(index), [], index), GlobalNormClip(1.0), ClipOptions(in_place=True, threads=1))
+    monkeypatch.undo()
+    return index, index.with_name(index.name + ".tclip-journal")
