@@ -19,6 +19,7 @@ import numpy as np
 from ..core.modes import GlobalNormClip, Mode, NormClip, ValueClip, value_bounds
 from ..errors import OutputExistsError, TclipError
 from ..formats.atomic import remove_if_same
+from ..formats.dcp import METADATA_NAME, is_dcp_folder
 from ..formats.locks import Locks, RunLock
 from ..formats.registry import output_format
 from ..formats.sharded import IN_PROGRESS_KEY, INDEX_SUFFIX, TensorSet, load_index, resolve, write_index
@@ -101,6 +102,10 @@ def _targets(tensor_set: TensorSet, options: ClipOptions) -> tuple[dict[Path, Pa
                              tensor_set.index)
         return ({f: folder / f.relative_to(tensor_set.index.parent) for f in tensor_set.files},
                 folder / tensor_set.index.name)
+    if options.in_place and any(f.name == METADATA_NAME and is_dcp_folder(f.parent) for f in tensor_set.files):
+        # Its .metadata and .distcp files are replaced one by one: an interrupted run would leave a mix.
+        raise TclipError(("a DCP checkpoint is clipped into ", Option.OUT_DIR, " DIR, not ", Option.IN_PLACE,
+                          " (an interrupted run would leave it half clipped)"), tensor_set.files[0].parent)
     if options.in_place and tensor_set.keep_names:
         # Without an index there is nowhere to mark a run in progress: an interrupted one would
         # leave some files clipped and others not, and a rerun would clip them again.

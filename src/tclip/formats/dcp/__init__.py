@@ -2,10 +2,13 @@
 read as one tensor source without torch and without running pickle.
 
 - :mod:`._metadata`: ``.metadata`` through an allowlist of the DCP record classes;
-- :mod:`.reader`: :class:`~.reader.DcpReader`, tensors assembled from their chunks.
+- :mod:`.reader`: :class:`~.reader.DcpReader`, tensors assembled from their chunks;
+- :mod:`.writer`: :class:`~.writer.DcpWriter`, a folder rewritten as a copy of itself (same sizes,
+  ``.metadata`` byte for byte), the clipped chunks' bytes and CRC-32s set anew.
 
 A DCP folder is recognised by its ``.metadata`` (the sniff below: a pickle whose first global is
-DCP's ``Metadata`` class); no file suffix names the format. Writing DCP is not supported.
+DCP's ``Metadata`` class); no file suffix names the format. A DCP folder is written only as a
+rewrite of one, into another folder (its ``.metadata`` is the writer's target).
 """
 
 from __future__ import annotations
@@ -13,7 +16,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ...errors import UnsupportedError
 
 # The reader (and the pickle machine it needs) is imported when a DCP folder is opened: importing
 # the registry, which imports every format module, must stay cheap.
@@ -40,8 +42,10 @@ def sniff(head: bytes, size: int) -> bool:
 
 def Writer(target: Path, tensors: list[Any], output: Any, *, like: Any, metadata: Any,  # noqa: N802
            rewritten: Any) -> Any:
-    """Writing a DCP folder is not supported (yet): refused with one line."""
-    raise UnsupportedError("tclip does not write DCP checkpoints; write .safetensors instead", target)
+    """A rewrite of a DCP folder into another folder (see :mod:`.writer`); ``target`` is its ``.metadata``."""
+    from .writer import Writer as write_dcp
+
+    return write_dcp(target, tensors, output, like=like, metadata=metadata, rewritten=rewritten)
 
 
 def Reader(path: Path) -> DcpReader:  # noqa: N802 (the format's reader)

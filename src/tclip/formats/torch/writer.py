@@ -88,42 +88,10 @@ class TorchWriter(TensorWriter):
 
     def _locate_members(self) -> dict[str, _Member]:
         """The CRC fields of each storage member that will be rewritten, checked."""
-        import zipfile
-
         like = self.like
         keys = {like.views[n].storage.key for n in self.rewritten}
-        try:
-            with os.fdopen(os.dup(like._fd), "rb") as handle, zipfile.ZipFile(handle) as archive:
-                infos = archive.infolist()
-                entries = _directory_entries(like._fd, archive.start_dir, len(infos))
-        except (zipfile.BadZipFile, ValueError, struct.error, OSError) as error:
-            raise FormatError(f"not a valid zip archive ({error})", like.path) from None
-        by_name = {info.filename: (info, entry) for info, entry in zip(infos, entries)}
-        members: dict[str, _Member] = {}
-        for key in keys:
-            storage = like.archive.storages[key]
-            info, entry = by_name[storage.member]  # type: ignore[index]
-            offsets = [entry + 16]
-            fields = _LOCAL_HEADER.unpack(os.pread(like._fd, _LOCAL_HEADER.size, info.header_offset))
-            flags, local_crc = fields[2], fields[6]
-            if not flags & 0x8 or local_crc != 0:
-                if local_crc != info.CRC:
-                    raise FormatError(f"member {storage.member!r}: its local header and the central directory "
-                                      "disagree on its CRC-32", like.path)
-                offsets.append(info.header_offset + 14)
-            if flags & 0x8:
-                end = storage.offset + storage.nbytes
-                tail = os.pread(like._fd, 8, end)
-                crc = struct.pack("<L", info.CRC)
-                if tail[:4] == b"PK\x07\x08" and tail[4:8] == crc:
-                    offsets.append(end + 4)
-                elif tail[:4] == crc:
-                    offsets.append(end)
-                else:
-                    raise FormatError(f"member {storage.member!r}: no data descriptor with its CRC-32 after "
-                                      "its data", like.path)
-            members[key] = _Member(storage.member, storage.offset, storage.nbytes, tuple(offsets))  # type: ignore[arg-type]
-        return members
+        with os.fdopen(os.dup(like._fd), "rb") as handle:
+            return locate_members(like._fd, handle, {key: like.archive.storages[key] for key in keys}, like.path)
 
     def parallel_safe(self, name: str) -> bool:
         return True
@@ -215,35 +183,7 @@ class TorchWriter(TensorWriter):
         os.close(fd)
 
     def _member_crc(self, member: _Member, runs: list[tuple[int, int, int]] | None) -> int:
-        """The member's CRC-32 from the CRCs of the runs written into it and of the bytes
-        between them (read back from the output); with ``runs`` None, or runs that overlap,
-        from all its bytes read back."""
-        from ..npz import crc32_combine
-
-        start, stop = member.data_offset, member.data_offset + member.size
-        ordered = sorted(runs or [])
-        if runs is None or any(b[0] < a[0] + a[1] for a, b in zip(ordered, ordered[1:])):
-            return self._crc_of(start, stop)
-        total, position = 0, start  # 0: the CRC-32 of no bytes
-        for offset, length, crc in ordered:
-            if offset > position:
-                total = crc32_combine(total, self._crc_of(position, offset), offset - position)
-            total = crc32_combine(total, crc, length)
-            position = offset + length
-        if position < stop:
-            total = crc32_combine(total, self._crc_of(position, stop), stop - position)
-        return total
-
-    def _crc_of(self, start: int, stop: int) -> int:
-        crc = 0
-        position = start
-        while position < stop:
-            chunk = os.pread(self._fd, min(_CHUNK, stop - position), position)
-            if not chunk:
-                raise FormatError("internal error: the output is shorter than its source", self.target)
-            crc = zlib.crc32(chunk, crc)
-            position += len(chunk)
-        return crc
+        return member_crc(self._fd, member, runs, self.target)
 
     def _close_quietly(self) -> None:
         if self._fd >= 0:
@@ -252,6 +192,80 @@ class TorchWriter(TensorWriter):
                 os.close(fd)
             except OSError:
                 pass
+
+
+def locate_members(fd: int, handle: Any, storages: dict[str, Any], path: object) -> dict[str, _Member]:
+    """Where the CRC-32 of each zip member holding one of ``storages`` (key -> the archive's
+    storage record: ``member``, ``offset``, ``nbytes``) lives, checked: ``handle`` is the file
+    object ``zipfile`` reads the zip from (a window ending at the zip's end, for a zip inside a
+    larger file), ``fd`` the file's descriptor; offsets are the file's."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(handle) as archive:
+            infos = archive.infolist()
+            entries = _directory_entries(fd, archive.start_dir, len(infos))
+    except (zipfile.BadZipFile, ValueError, struct.error, OSError) as error:
+        raise FormatError(f"not a valid zip archive ({error})", path) from None
+    by_name = {info.filename: (info, entry) for info, entry in zip(infos, entries)}
+    members: dict[str, _Member] = {}
+    for key, storage in storages.items():
+        info, entry = by_name[storage.member]
+        offsets = [entry + 16]
+        fields = _LOCAL_HEADER.unpack(os.pread(fd, _LOCAL_HEADER.size, info.header_offset))
+        flags, local_crc = fields[2], fields[6]
+        if not flags & 0x8 or local_crc != 0:
+            if local_crc != info.CRC:
+                raise FormatError(f"member {storage.member!r}: its local header and the central directory "
+                                  "disagree on its CRC-32", path)
+            offsets.append(info.header_offset + 14)
+        if flags & 0x8:
+            end = storage.offset + storage.nbytes
+            tail = os.pread(fd, 8, end)
+            crc = struct.pack("<L", info.CRC)
+            if tail[:4] == b"PK\x07\x08" and tail[4:8] == crc:
+                offsets.append(end + 4)
+            elif tail[:4] == crc:
+                offsets.append(end)
+            else:
+                raise FormatError(f"member {storage.member!r}: no data descriptor with its CRC-32 after "
+                                  "its data", path)
+        members[key] = _Member(storage.member, storage.offset, storage.nbytes, tuple(offsets))
+    return members
+
+
+def member_crc(fd: int, member: _Member, runs: list[tuple[int, int, int]] | None, path: object) -> int:
+    """A member's CRC-32 from the CRCs of the runs ``(offset, bytes, crc)`` written into it and
+    of the bytes between them (read back from ``fd``); with ``runs`` None, or runs that overlap,
+    from all its bytes read back."""
+    from ..npz import crc32_combine
+
+    start, stop = member.data_offset, member.data_offset + member.size
+    ordered = sorted(runs or [])
+    if runs is None or any(b[0] < a[0] + a[1] for a, b in zip(ordered, ordered[1:])):
+        return crc_of(fd, start, stop, path)
+    total, position = 0, start  # 0: the CRC-32 of no bytes
+    for offset, length, crc in ordered:
+        if offset > position:
+            total = crc32_combine(total, crc_of(fd, position, offset, path), offset - position)
+        total = crc32_combine(total, crc, length)
+        position = offset + length
+    if position < stop:
+        total = crc32_combine(total, crc_of(fd, position, stop, path), stop - position)
+    return total
+
+
+def crc_of(fd: int, start: int, stop: int, path: object) -> int:
+    """The CRC-32 of bytes ``[start, stop)`` of ``fd``."""
+    crc = 0
+    position = start
+    while position < stop:
+        chunk = os.pread(fd, min(_CHUNK, stop - position), position)
+        if not chunk:
+            raise FormatError("internal error: the output is shorter than its source", path)
+        crc = zlib.crc32(chunk, crc)
+        position += len(chunk)
+    return crc
 
 
 def _directory_entries(fd: int, start: int, count: int) -> list[int]:
