@@ -466,6 +466,11 @@ class TensorWriter(ABC):
             raise
         self.output.commit(marker)
 
+    def written_size(self) -> int:
+        """The bytes :meth:`commit` put in place: the target's size (a format written as a
+        folder counts all its files)."""
+        return os.stat(self.target).st_size
+
     def abort(self) -> None:
         """Close and remove the temporary file; the target is untouched."""
         try:

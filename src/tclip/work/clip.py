@@ -102,10 +102,14 @@ def _targets(tensor_set: TensorSet, options: ClipOptions) -> tuple[dict[Path, Pa
                              tensor_set.index)
         return ({f: folder / f.relative_to(tensor_set.index.parent) for f in tensor_set.files},
                 folder / tensor_set.index.name)
-    if options.in_place and any(f.name == METADATA_NAME and is_dcp_folder(f.parent) for f in tensor_set.files):
+    dcp = next((f.parent for f in tensor_set.files if f.name == METADATA_NAME and is_dcp_folder(f.parent)), None)
+    if dcp is not None and options.in_place:
         # Its .metadata and .distcp files are replaced one by one: an interrupted run would leave a mix.
         raise TclipError(("a DCP checkpoint is clipped into ", Option.OUT_DIR, " DIR, not ", Option.IN_PLACE,
-                          " (an interrupted run would leave it half clipped)"), tensor_set.files[0].parent)
+                          " (an interrupted run would leave it half clipped)"), dcp)
+    if dcp is not None and options.out_dir is None and options.output is None:
+        raise TclipError(("a DCP checkpoint is a folder: clip it into ", Option.OUT_DIR, " DIR (its files keep "
+                          "their names)"), dcp)
     if options.in_place and tensor_set.keep_names:
         # Without an index there is nowhere to mark a run in progress: an interrupted one would
         # leave some files clipped and others not, and a rerun would clip them again.

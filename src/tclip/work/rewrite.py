@@ -156,7 +156,7 @@ def _rewrite(reader: TensorReader, work: dict[str, TensorWork], target: Path | N
             check_same(measured, expect)
             writer.commit(commit_marker)
             result.written = getattr(getattr(writer, "output", None), "written", None)
-            result.bytes_written = os.stat(target).st_size
+            result.bytes_written = writer.written_size()
             if lossy and measure_after:
                 result.after.update(_measure_written(target, {n: result.after[n].axes for n in lossy}, budget))
     except BaseException as error:

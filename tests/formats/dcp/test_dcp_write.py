@@ -22,6 +22,7 @@ import pytest
 from support.cli import run
 from support.dcp_helpers import expected, make_all
 from tclip.formats.dcp import Reader
+from tclip.formats.dcp.reader import DcpReader
 from tclip.formats.dcp._metadata import load_dcp_metadata
 from tclip.formats.safetensors import SafetensorsReader
 
@@ -96,6 +97,7 @@ def check_layout(source: Path, out: Path, clipped: set[str], zips: bool = True) 
     assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in source.iterdir())
     for path in source.iterdir():
         assert (out / path.name).stat().st_size == path.stat().st_size, path.name
+        assert (out / path.name).stat().st_mode == path.stat().st_mode, path.name  # (.metadata: not the folder's)
     assert (out / ".metadata").read_bytes() == (source / ".metadata").read_bytes()
     places = items(source)
     assert items(out) == places
@@ -201,7 +203,7 @@ def test_safetensors_variant(dcp_root: Path, tmp_path: Path) -> None:
     source, written = (folder / "__0_0.distcp").read_bytes(), (out / "__0_0.distcp").read_bytes()
     assert len(source) == len(written)
     differ = np.flatnonzero(np.frombuffer(source, np.uint8) != np.frombuffer(written, np.uint8))
-    with Reader(out) as reader:
+    with DcpReader(out) as reader:
         spans = []
         for name in clipped:
             reader.read(name)
@@ -286,3 +288,23 @@ def test_a_dry_run_names_the_folder_and_writes_nothing(dcp_root: Path, tmp_path:
     result = run("global", folder, "--clip", CLIP, "--out-dir", out, "--dry-run")
     assert result.exit_code == 0, result.output
     assert not out.exists()
+
+
+def test_without_an_output_folder_it_is_refused_before_reading(dcp_root: Path) -> None:
+    folder, _, _ = expected(dcp_root, "ranks2")
+    before = sorted(p.name for p in folder.iterdir())
+    result = run("global", folder, "--clip", CLIP)
+    assert result.exit_code == 1, result.output
+    assert result.stderr.strip().splitlines() == [
+        f"Error: {folder}: a DCP checkpoint is a folder: clip it into --out-dir DIR (its files keep their names)"]
+    assert sorted(p.name for p in folder.iterdir()) == before
+
+
+def test_the_report_counts_every_file_written(dcp_root: Path, tmp_path: Path) -> None:
+    folder, _, _ = expected(dcp_root, "ranks2")
+    out = tmp_path / "out"
+    result = run("global", folder, "--clip", CLIP, "--out-dir", out, "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout.splitlines()[0])
+    assert report["output"] == str(out / ".metadata")
+    assert report["bytes_written"] == sum(p.stat().st_size for p in out.iterdir())

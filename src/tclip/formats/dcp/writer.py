@@ -121,7 +121,10 @@ class DcpWriter(TensorWriter):
             copy_except(fd, self._fds[relative], size, holes.get(relative, []), like.path / relative)
         source = os.open(like.metadata_path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         try:
+            # the output took the mode of the reader's path, the folder: .metadata takes its own
+            self.output.mode = os.fstat(source).st_mode & 0o777
             fd = self.output.open()
+            os.fchmod(fd, self.output.mode)
             try:
                 size = os.fstat(source).st_size
                 os.ftruncate(fd, size)
@@ -198,13 +201,13 @@ class DcpWriter(TensorWriter):
         # read from the output, set, and written back under the chunk's lock (the gaps are its own).
         first = piece.start + sum(s.start * st for s, st in zip(local, piece.stride)) * itemsize
         last = first + (sum((n - 1) * st for n, st in zip(values.shape, piece.stride)) + 1) * itemsize
-        raw = np.empty(last - first, np.uint8)
+        spanned = np.empty(last - first, np.uint8)
         with chunk.lock:
-            pread_into(fd, raw.data, first, self.target, chunk.file)
-            target = np.lib.stride_tricks.as_strided(raw.view(values.dtype), values.shape,
+            pread_into(fd, spanned.data, first, self.target, chunk.file)
+            target = np.lib.stride_tricks.as_strided(spanned.view(values.dtype), values.shape,
                                                      [st * itemsize for st in piece.stride])
             target[...] = values
-            pwrite_all(fd, raw.data, first)
+            pwrite_all(fd, spanned.data, first)
             chunk.runs = None  # its CRC-32 is taken from all its bytes at the end
 
     def copy_tensor(self, reader: TensorReader, name: str, max_bytes: int = 8 << 20) -> None:
@@ -254,6 +257,9 @@ class DcpWriter(TensorWriter):
                 remove_if_same(path, identity)
             self.abort()
             raise
+
+    def written_size(self) -> int:
+        return sum(os.stat(path).st_size for path in [*(out.target for out in self._outputs.values()), self.target])
 
     def abort(self) -> None:
         try:
