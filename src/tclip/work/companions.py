@@ -24,6 +24,7 @@ from ..core.dtypes import is_floating
 from ..errors import OutputExistsError, TclipError
 from ..formats import torch as pytorch
 from ..formats.atomic import TEMP_SUFFIX, AtomicOutput
+from ..formats.dcp import METADATA_NAME
 from ..formats.locks import LOCK_SUFFIX
 from ..formats.registry import detect_format, open_reader
 from ..formats.sharded import INDEX_SUFFIX, TensorSet
@@ -137,8 +138,12 @@ def folder_companions(folder: Path, out_dir: Path, taken: Collection[Path]) -> C
     """The other files of a folder that its ``model.safetensors`` stands for (``save_pretrained``'s,
     a Trainer's ``checkpoint-100/``), to copy beside that file's output in ``out_dir``, as for an
     index: ``from_pretrained(OUT)`` needs config.json. The run's inputs (``taken``: the weights,
-    and optimizer.pt written as a set of its own) are not copied and not listed."""
-    return with_plain_files(companions(TensorSet(str(folder), list(taken)), out_dir, folder), folder, out_dir)
+    and optimizer.pt written as a set of its own) are not copied and not listed; nor are a DCP
+    folder's ``.distcp`` files, which the run writes with its ``.metadata``."""
+    own = list(taken)
+    if Path(folder) / METADATA_NAME in own:
+        own += sorted(Path(folder).glob("*.distcp"))
+    return with_plain_files(companions(TensorSet(str(folder), own), out_dir, folder), folder, out_dir)
 
 
 def with_plain_files(found: Companions, folder: Path, out_dir: Path) -> Companions:

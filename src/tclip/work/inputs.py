@@ -145,8 +145,9 @@ def folder_indexes(folder: Path, notes: list[tuple[str, Note]] | None = None) ->
 @dataclass
 class Found:
     """What expanding folders and globs found besides tensor files: the Hugging Face weights
-    file (``model.safetensors``) that stands for each folder holding one and no index (its
-    output takes the folder's other files along into ``--out-dir``)."""
+    file (``model.safetensors``) that stands for each folder holding one and no index, and the
+    ``.metadata`` of each DCP folder (its output takes the folder's other files along into
+    ``--out-dir``)."""
 
     weights: dict[Path, Path] = field(default_factory=dict)  # the weights file -> its folder
 
@@ -178,6 +179,8 @@ def expand_files(items: tuple[str, ...], recursive: bool, notes: list[tuple[str,
 def _folder_files(folder: Path, recursive: bool, notes: list[tuple[str, Note]] | None,
                   found: Found | None) -> list[tuple[str, Path]]:
     if is_dcp_folder(folder):  # a DCP checkpoint: its .metadata stands for the folder
+        if found is not None:  # (its other files, Megatron's metadata.json, go along into --out-dir)
+            found.weights[folder / METADATA_NAME] = folder
         return [(str(folder), folder / METADATA_NAME)]
     indexes = folder_indexes(folder, notes)
     if indexes:

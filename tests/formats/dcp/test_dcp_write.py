@@ -308,3 +308,24 @@ def test_the_report_counts_every_file_written(dcp_root: Path, tmp_path: Path) ->
     report = json.loads(result.stdout.splitlines()[0])
     assert report["output"] == str(out / ".metadata")
     assert report["bytes_written"] == sum(p.stat().st_size for p in out.iterdir())
+
+
+def test_the_folders_other_files_go_along(dcp_root: Path, tmp_path: Path) -> None:
+    """Megatron and NeMo keep metadata.json (and common.pt) beside the DCP files: copied, as an
+    index's config.json is; the .distcp files are written by the run, not copied over it."""
+    import shutil
+
+    folder = tmp_path / "iter_0000100"
+    shutil.copytree(expected(dcp_root, "ranks2")[0], folder)
+    (folder / "metadata.json").write_text('{"sharded_backend": "torch_dist"}')
+    (folder / "extra").mkdir()
+    out = tmp_path / "out"
+    result = run("global", folder, "--clip", CLIP, "--out-dir", out)
+    assert result.exit_code == 0, result.output
+    assert "metadata.json" in result.stdout and "extra/ (a folder)" in result.stdout
+    assert (out / "metadata.json").read_text() == '{"sharded_backend": "torch_dist"}'
+    (folder / "metadata.json").unlink()
+    (folder / "extra").rmdir()
+    (out / "metadata.json").unlink()
+    check_layout(folder, out, {"model.layers.0.attention.wq.weight", "model.layers.0.feed_forward.w1.weight",
+                               "model.layers.0.attention.wo.weight", "model.norm.weight", "model.scale"})
