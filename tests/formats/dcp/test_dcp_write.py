@@ -329,3 +329,30 @@ def test_the_folders_other_files_go_along(dcp_root: Path, tmp_path: Path) -> Non
     (out / "metadata.json").unlink()
     check_layout(folder, out, {"model.layers.0.attention.wq.weight", "model.layers.0.feed_forward.w1.weight",
                                "model.layers.0.attention.wo.weight", "model.norm.weight", "model.scale"})
+
+
+def test_tensors_sharing_bytes_of_an_embedded_safetensors_file_are_refused(dcp_root: Path, tmp_path: Path) -> None:
+    """A SAFETENSORS-variant folder whose header gives two tensors one byte range: clipping one would
+    change the other, so neither is rewritten and nothing is written."""
+    import shutil
+    import struct
+
+    folder = tmp_path / "shared"
+    shutil.copytree(expected(dcp_root, "safetensors")[0], folder)
+    data = bytearray((folder / "__0_0.distcp").read_bytes())
+    # every tensor item's offset is the embedded file's start
+    start = next(o for (_, index), (_, o, _) in items(folder).items() if index is not None)
+    (length,) = struct.unpack("<Q", data[start:start + 8])
+    header = json.loads(bytes(data[start + 8:start + 8 + length]))
+    first, second = "layers.0.attention_norm.weight", "layers.1.attention_norm.weight"
+    assert header[first]["shape"] == header[second]["shape"] and header[first]["dtype"] == header[second]["dtype"]
+    header[second]["data_offsets"] = header[first]["data_offsets"]
+    text = json.dumps(header, separators=(",", ":")).encode()
+    assert len(text) <= length
+    data[start + 8:start + 8 + length] = text.ljust(length)
+    (folder / "__0_0.distcp").write_bytes(bytes(data))
+    out = tmp_path / "out"
+    result = run("global", folder, "--clip", CLIP, "--out-dir", out)
+    assert result.exit_code == 1, result.output
+    assert "share bytes" in result.stderr and result.stderr.count("Error: ") == 1
+    assert not out.exists()

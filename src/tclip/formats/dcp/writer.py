@@ -72,6 +72,7 @@ class DcpWriter(TensorWriter):
         holes: dict[str, list[tuple[int, int]]] = {}
         for name in sorted(self.rewritten):
             self.chunks[name] = [self._chunk(name, piece, holes) for piece in like.pieces[name]]
+        self._check_disjoint()
         try:
             self._copy_files(holes)
         except BaseException:
@@ -107,6 +108,23 @@ class DcpWriter(TensorWriter):
         if piece.dense:
             holes.setdefault(item.relative_path, []).append((piece.start, nbytes))
         return _Chunk(piece, item.relative_path, member)
+
+    def _check_disjoint(self) -> None:
+        """Refuse rewritten chunks whose bytes overlap (tensors of an embedded safetensors file
+        whose data_offsets overlap): writing one would change the other."""
+        spans: list[tuple[str, int, int, str]] = []
+        for name, chunks in self.chunks.items():
+            itemsize = self.like.tensors[name].dtype.itemsize
+            for chunk in chunks:
+                if chunk is not None:
+                    piece = chunk.piece
+                    reach = sum((n - 1) * st for n, st in zip(piece.chunk.sizes, piece.stride)) + 1
+                    spans.append((chunk.file, piece.start, piece.start + reach * itemsize, name))
+        spans.sort()
+        for (file, _, end, name), (other_file, start, _, other) in zip(spans, spans[1:]):
+            if file == other_file and start < end:
+                raise FormatError(f"{file}: the tensors {name!r} and {other!r} share bytes of the file; tclip "
+                                  "does not rewrite either", self.like.path)
 
     def _copy_files(self, holes: dict[str, list[tuple[int, int]]]) -> None:
         """Each ``.distcp`` file into a temporary file of its own beside ``.metadata``'s, but for
