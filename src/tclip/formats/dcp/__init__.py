@@ -18,6 +18,7 @@ from ...errors import UnsupportedError
 # The reader (and the pickle machine it needs) is imported when a DCP folder is opened: importing
 # the registry, which imports every format module, must stay cheap.
 if TYPE_CHECKING:
+    from .hf_shards import HfShardsReader
     from .reader import DcpReader
 
 NAME = "dcp"
@@ -44,11 +45,24 @@ def Writer(target: Path, tensors: list[Any], output: Any, *, like: Any, metadata
     raise UnsupportedError("tclip does not write DCP checkpoints; write .safetensors instead", target)
 
 
-def Reader(path: Path) -> DcpReader:  # noqa: N802 (the format's reader)
-    """A :class:`~.reader.DcpReader` of the folder, or of the folder of a ``.metadata``."""
+def Reader(path: Path) -> DcpReader | HfShardsReader:  # noqa: N802 (the format's reader)
+    """A :class:`~.reader.DcpReader` of the folder, or of the folder of a ``.metadata``; an
+    :class:`~.hf_shards.HfShardsReader` of a folder of per-rank Hugging Face pieces."""
     from .reader import DcpReader
 
+    if is_hf_shards_folder(path):
+        from .hf_shards import HfShardsReader
+
+        return HfShardsReader(path)
     return DcpReader(path)
+
+
+def is_hf_shards_folder(folder: Path | str) -> bool:
+    """A folder of ``shard-0000R-model-*.safetensors`` pieces (DCP's Hugging Face storage saved
+    per rank) without ``.metadata``."""
+    from .hf_names import is_hf_shards_folder as found
+
+    return found(folder)
 
 
 def is_dcp_folder(folder: Path | str) -> bool:
@@ -60,4 +74,4 @@ def is_dcp_folder(folder: Path | str) -> bool:
         return False
 
 
-__all__ = ["NAME", "SUFFIXES", "METADATA_NAME", "Reader", "Writer", "is_dcp_folder", "sniff"]
+__all__ = ["NAME", "SUFFIXES", "METADATA_NAME", "Reader", "Writer", "is_dcp_folder", "is_hf_shards_folder", "sniff"]

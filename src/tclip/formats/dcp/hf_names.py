@@ -1,0 +1,66 @@
+"""The names of DCP's per-rank Hugging Face pieces (``shard-0000R-model-0000F-of-0000N.safetensors``)
+and the folders holding them, without reading them (cheap: called on every folder an input names).
+The reader is :mod:`.hf_shards`."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+SHARDING_KEY = "DCP_SHARDING_INFO"
+OFFSETS_KEY = "saved_offsets"
+PIECE_NAME = re.compile(r"shard-(?P<rank>\d{5,})-model-(?P<file>\d{5,})-of-(?P<count>\d{5,})\.safetensors")
+
+
+def is_piece_name(name: str) -> bool:
+    return PIECE_NAME.fullmatch(name) is not None
+
+
+def piece_files(folder: Path | str) -> list[Path]:
+    """The regular ``shard-*-model-*-of-*.safetensors`` files of a folder, by rank then file."""
+    try:
+        found = [p for p in Path(folder).iterdir() if is_piece_name(p.name) and p.is_file()]
+    except OSError:
+        return []
+    return sorted(found, key=_order)
+
+
+def _order(path: Path) -> tuple[int, int, str]:
+    match = PIECE_NAME.fullmatch(path.name)
+    assert match is not None
+    return int(match["rank"]), int(match["file"]), path.name
+
+
+def is_hf_shards_folder(folder: Path | str) -> bool:
+    """A folder holding per-rank pieces of DCP's Hugging Face storage and no ``.metadata``."""
+    from . import METADATA_NAME
+
+    folder = Path(folder)
+    try:
+        return folder.is_dir() and not (folder / METADATA_NAME).exists() and bool(piece_files(folder))
+    except OSError:
+        return False
+
+
+def fold_pieces(paths: list[Path]) -> list[Path]:
+    """``paths`` with the piece files of a folder replaced by the folder (where it first appears)
+    when every piece of that folder is among them; a part of a folder's pieces stays as it is
+    (each is then refused when opened, with a line naming the folder)."""
+    pieces: dict[str, set[str]] = {}
+    for path in paths:
+        if is_piece_name(path.name):
+            pieces.setdefault(os.path.normpath(path.parent), set()).add(path.name)
+    whole = {folder for folder, names in pieces.items()
+             if is_hf_shards_folder(folder) and names == {p.name for p in piece_files(folder)}}
+    out: list[Path] = []
+    seen: set[str] = set()
+    for path in paths:
+        folder = os.path.normpath(path.parent)
+        if is_piece_name(path.name) and folder in whole:
+            path = path.parent
+        key = os.path.normpath(path)
+        if key not in seen:
+            seen.add(key)
+            out.append(path)
+    return out
