@@ -11,7 +11,8 @@
   2.13's consolidation writes a 0-d tensor as 0.0 whatever was saved);
 - ``hf_single``: one process, the same writer: one ``shard-00001-model-00001-of-00001.safetensors``;
 - ``rank_meta``: two ranks saving with ``use_collectives=False``: a ``__R.metadata`` per rank and
-  no ``.metadata``.
+  no ``.metadata`` (each rank saves the replicated tensor and the 0-d one too); damaged copies
+  under ``rank_meta/broken/``.
 
 Expected values go to ``<out>/expected.npz`` and ``<out>/expected.json`` as in :mod:`dcp_helpers`
 (the full tensors the ranks held).
@@ -120,6 +121,41 @@ def _two_ranks(kind: str, out: Path) -> None:
                                       fqn_to_index_mapping={name: 1 for name in _full(torch)})
 
 
+def _rank_meta_broken(out: Path) -> None:
+    """Copies of ``rank_meta/ckpt`` under ``rank_meta/broken/<case>`` whose ``__1.metadata`` is
+    changed (through pickle, here in the child, on a file this script wrote)."""
+    import dataclasses
+    import pickle
+    import shutil
+
+    import torch
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex
+
+    def variant(name, mutate):  # type: ignore[no-untyped-def]
+        folder = out / "broken" / name
+        shutil.copytree(out / "ckpt", folder)
+        with open(folder / "__1.metadata", "rb") as handle:
+            meta = pickle.load(handle)
+        mutate(meta)
+        with open(folder / "__1.metadata", "wb") as handle:
+            pickle.dump(meta, handle)
+
+    def shape(meta):  # type: ignore[no-untyped-def]
+        meta.state_dict_metadata[WQ] = dataclasses.replace(meta.state_dict_metadata[WQ], size=torch.Size([8, 4]))
+
+    def overlap(meta):  # type: ignore[no-untyped-def]
+        meta.state_dict_metadata[WQ].chunks[0] = ChunkStorageMetadata(offsets=torch.Size([3, 0]),
+                                                                      sizes=torch.Size([3, 4]))
+        old = next(k for k in meta.storage_data if k.fqn == WQ)
+        meta.storage_data[MetadataIndex(WQ, torch.Size([3, 0]), 0)] = meta.storage_data.pop(old)
+
+    variant("shape", shape)
+    variant("overlap", overlap)
+    missing = out / "broken" / "missing_rank"
+    shutil.copytree(out / "ckpt", missing)
+    (missing / "__0.metadata").unlink()
+
+
 def _hf_single(out: Path) -> None:
     import torch
     import torch.distributed.checkpoint as dcp
@@ -139,3 +175,5 @@ if __name__ == "__main__":
             _hf_single(target / which)
         else:
             _two_ranks(which, target / which)
+        if which == "rank_meta":
+            _rank_meta_broken(target / which)

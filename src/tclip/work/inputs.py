@@ -18,7 +18,7 @@ from typing import Any
 from ..errors import NoTensorsError, TclipError
 from ..formats import torch as pytorch
 from ..formats.dcp import METADATA_NAME, is_dcp_folder
-from ..formats.dcp.hf_names import fold_pieces, is_hf_shards_folder
+from ..formats.dcp.per_rank import fold_pieces, standing_for
 from ..formats.registry import claimed_by_content, content_suffixes, detect_format, kept_endings, open_reader, suffixes
 from ..formats.sharded import INDEX_SUFFIX, load_index
 from ..messages import Option
@@ -180,20 +180,25 @@ def _folder_files(folder: Path, recursive: bool, notes: list[tuple[str, Note]] |
                   found: Found | None) -> list[tuple[str, Path]]:
     if is_dcp_folder(folder):  # a DCP checkpoint: its .metadata stands for the folder
         return [(str(folder), folder / METADATA_NAME)]
-    if is_hf_shards_folder(folder):  # DCP's per-rank Hugging Face pieces: the folder is the checkpoint
-        return [(str(folder), folder)]
+    standing = standing_for(folder)  # a DCP checkpoint saved per rank
+    if standing is not None:
+        return [(str(folder), standing)]
     indexes = folder_indexes(folder, notes)
     if indexes:
         return [(str(index), index) for index in indexes]
     listed = sorted(folder.rglob("*") if recursive else folder.iterdir(), key=lambda p: _natural(str(p)))
     # a DCP folder inside (checkpoint/step-100/) counts as one file: its .metadata
-    files = _holding_tensors(fold_pieces([p / METADATA_NAME if p.is_dir() and is_dcp_folder(p) else p for p in listed
-                                          if p.is_dir() and (is_dcp_folder(p) or is_hf_shards_folder(p))
-                                          or p.is_file() and is_tensor_file(p)]), notes)
+    picked = [_standing(p) if p.is_dir() else p if p.is_file() and is_tensor_file(p) else None for p in listed]
+    files = _holding_tensors(fold_pieces([p for p in picked if p is not None]), notes)
     weights = folder / SAFETENSORS_SINGLE
     if found is not None and weights in files:
         found.weights[weights] = folder
     return [(str(p), p) for p in files]
+
+
+def _standing(path: Path) -> Path | None:
+    """What stands for a DCP folder (its ``.metadata``; see :func:`standing_for`), else None."""
+    return path / METADATA_NAME if is_dcp_folder(path) else standing_for(path)
 
 
 def _glob_files(pattern: str, recursive: bool, notes: list[tuple[str, Note]] | None,
@@ -265,8 +270,9 @@ def diff_input(item: str, notes: list[tuple[str, Note]] | None = None) -> str:
         return item
     if is_dcp_folder(path):
         return str(path / METADATA_NAME)
-    if is_hf_shards_folder(path):
-        return str(path)
+    standing = standing_for(path)
+    if standing is not None:
+        return str(standing)
     indexes = folder_indexes(path, notes)
     if len(indexes) == 1:
         return str(indexes[0])

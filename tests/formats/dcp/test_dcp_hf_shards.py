@@ -3,8 +3,8 @@ no consolidation): a folder of ``shard-0000R-model-0000F-of-0000N.safetensors`` 
 set of whole tensors, assembled by each piece's ``saved_offsets``.
 
 The folders are written by the real ``torch.distributed.checkpoint`` in a child process
-(:mod:`dcp_hf_helpers`): two gloo ranks with ``Shard(0)`` (uneven), ``Shard(1)``, ``Replicate()``
-DTensors and a 0-d tensor, and one process. Values must be the ones torch's
+(:mod:`dcp_hf_helpers`, the ``hf_root`` fixture of this folder's conftest): two gloo ranks with
+``Shard(0)`` (uneven), ``Shard(1)``, ``Replicate()`` DTensors and a 0-d tensor, and one process. Values must be the ones torch's
 ``HuggingFaceStorageReader`` loads back; damaged copies are made here by rewriting the pieces'
 safetensors headers.
 """
@@ -27,7 +27,7 @@ import pytest
 
 import support
 from support.cli import run
-from support.dcp_hf_helpers import NORM, SCALE, W1, WO, WQ, make_all
+from support.dcp_hf_helpers import NORM, SCALE, W1, WO, WQ
 from support.dcp_helpers import expected
 from tclip.errors import UnsupportedError
 from tclip.formats import open_reader, registry
@@ -36,14 +36,6 @@ from tclip.formats.torch.pickled import TORCH_DTYPES
 RANK1_A = "shard-00001-model-00001-of-00002.safetensors"  # WQ rows 0-3, WO columns 0-4
 RANK2_A = "shard-00002-model-00001-of-00002.safetensors"  # WQ rows 4-6, WO columns 5-8, SCALE
 RANK2_B = "shard-00002-model-00002-of-00002.safetensors"  # W1 rows 129-256, NORM
-
-
-@pytest.fixture(scope="session")
-def hf_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pytest.importorskip("torch")
-    root = tmp_path_factory.mktemp("dcp_hf")
-    make_all(root)
-    return root
 
 
 def values(arrays: dict, meta: dict, name: str) -> np.ndarray:

@@ -19,6 +19,7 @@ from ...errors import UnsupportedError
 # the registry, which imports every format module, must stay cheap.
 if TYPE_CHECKING:
     from .hf_shards import HfShardsReader
+    from .rank_metadata import RankMetadataReader
     from .reader import DcpReader
 
 NAME = "dcp"
@@ -45,22 +46,29 @@ def Writer(target: Path, tensors: list[Any], output: Any, *, like: Any, metadata
     raise UnsupportedError("tclip does not write DCP checkpoints; write .safetensors instead", target)
 
 
-def Reader(path: Path) -> DcpReader | HfShardsReader:  # noqa: N802 (the format's reader)
-    """A :class:`~.reader.DcpReader` of the folder, or of the folder of a ``.metadata``; an
-    :class:`~.hf_shards.HfShardsReader` of a folder of per-rank Hugging Face pieces."""
+def Reader(path: Path) -> DcpReader | HfShardsReader | RankMetadataReader:  # noqa: N802 (the format's reader)
+    """A :class:`~.reader.DcpReader` of the folder, or of the folder of a ``.metadata``; for the
+    folders saved per rank (:mod:`.per_rank`), an :class:`~.hf_shards.HfShardsReader` (Hugging
+    Face pieces) or a :class:`~.rank_metadata.RankMetadataReader` (``__R.metadata`` files)."""
     from .reader import DcpReader
+
+    from .per_rank import RANK_METADATA, is_rank_metadata_folder
 
     if is_hf_shards_folder(path):
         from .hf_shards import HfShardsReader
 
         return HfShardsReader(path)
+    if RANK_METADATA.fullmatch(Path(path).name) or is_rank_metadata_folder(path):
+        from .rank_metadata import RankMetadataReader
+
+        return RankMetadataReader(path)
     return DcpReader(path)
 
 
 def is_hf_shards_folder(folder: Path | str) -> bool:
     """A folder of ``shard-0000R-model-*.safetensors`` pieces (DCP's Hugging Face storage saved
     per rank) without ``.metadata``."""
-    from .hf_names import is_hf_shards_folder as found
+    from .per_rank import is_hf_shards_folder as found
 
     return found(folder)
 

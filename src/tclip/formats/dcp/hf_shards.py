@@ -45,7 +45,7 @@ from ..base import TensorInfo, TensorReader
 from ..safetensors import SafetensorsReader
 from ._chunks import _c_strides, _coverage
 from ._metadata import Chunk
-from .hf_names import OFFSETS_KEY, PIECE_NAME, SHARDING_KEY, _order, is_piece_name, piece_files
+from .per_rank import OFFSETS_KEY, PIECE_NAME, SHARDING_KEY, _order, is_piece_name, piece_files
 
 _COVERAGE_PER_PIECE = 64
 _COVERAGE_BASE = 1 << 22
