@@ -146,6 +146,8 @@ def test_convert_to_safetensors_then_diff_says_same(hf_root: Path, tmp_path: Pat
     for target in (tmp_path / "out.safetensors", tmp_path / "hf"):
         result = run("convert", folder, target)
         assert result.exit_code == 0, result.output
+        assert "not copied" not in result.output  # the pieces are the checkpoint, not side files
+        assert target.suffix or sorted(p.name for p in target.iterdir()) == ["model.safetensors"]
         with open_reader(target if target.suffix else target / "model.safetensors") as reader:
             assert set(reader.tensors) == set(meta["tensors"])
             for name in reader.tensors:

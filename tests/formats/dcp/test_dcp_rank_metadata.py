@@ -69,6 +69,16 @@ def test_the_same_as_the_hugging_face_pieces_of_the_same_state(hf_root: Path) ->
     assert "5 tensor(s) equal (exact)" in result.stdout
 
 
+def test_convert_writes_the_weights_and_copies_no_rank_file(hf_root: Path, tmp_path: Path) -> None:
+    folder = hf_root / "rank_meta" / "ckpt"
+    result = run("convert", folder, tmp_path / "hf")
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == ["model.safetensors"]
+    result = run("diff", folder, tmp_path / "hf")
+    assert result.exit_code == 0, result.output
+    assert "5 tensor(s) equal (exact)" in result.stdout
+
+
 BROKEN = {
     "shape": "__1.metadata: the ranks' metadata disagree about 'model.layers.0.attention.wq.weight' "
              "(torch.float32 [7, 4] and torch.float32 [8, 4])",

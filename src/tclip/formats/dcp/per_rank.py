@@ -101,3 +101,13 @@ def fold_pieces(paths: list[Path]) -> list[Path]:
             seen.add(key)
             out.append(path)
     return out
+
+
+def checkpoint_files(folder: Path | str) -> list[Path]:
+    """The files a per-rank DCP folder's checkpoint is made of (its pieces; its ``__R.metadata``
+    and ``*.distcp`` files): none of them is a side file to copy beside a conversion."""
+    if is_hf_shards_folder(folder):
+        return piece_files(folder)
+    if is_rank_metadata_folder(folder):
+        return [*rank_metadata_files(folder), *sorted(Path(folder).glob("*.distcp"))]
+    return []
