@@ -115,6 +115,27 @@ def test_damaged_headers_end_in_a_tclip_error(tmp_path_factory: pytest.TempPathF
         assert str(folder) in str(error.path)
 
 
+def test_a_folder_of_more_files_than_are_kept_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tclip.formats.dcp import hf_shards
+
+    arrays = {"model.embed_tokens.weight": np.arange(7 * 5, dtype="<f4").reshape(7, 5),
+              "model.norm.weight": np.arange(6, dtype="<f8")}
+    make_folder(tmp_path, arrays, 11)
+    assert len(list(tmp_path.iterdir())) > 2
+    monkeypatch.setattr(hf_shards, "MAX_OPEN_FILES", 2)
+    with HfShardsReader(tmp_path) as reader:
+        assert all(piece.fd == -1 for pieces in reader.pieces.values() for piece in pieces)
+        assert all(reader.region(name) is None for name in arrays)
+        for name, want in arrays.items():
+            assert reader.read(name).tobytes() == want.tobytes(), name
+            assert reader.read(name, (slice(1, 4),) * want.ndim).tobytes() == want[(slice(1, 4),) * want.ndim].tobytes()
+        victim = sorted(tmp_path.iterdir())[0]
+        victim.write_bytes(victim.read_bytes() + b"x")
+        with pytest.raises(TclipError, match="changed since the folder was opened"):
+            for name in arrays:
+                reader.read(name)
+
+
 def test_fold_pieces_takes_a_folder_only_when_every_piece_is_there(tmp_path: Path) -> None:
     make_folder(tmp_path, {"w": np.arange(12, dtype="<f4").reshape(3, 4)}, 7)
     pieces = sorted(tmp_path.iterdir())

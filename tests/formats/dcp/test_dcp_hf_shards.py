@@ -4,9 +4,9 @@ set of whole tensors, assembled by each piece's ``saved_offsets``.
 
 The folders are written by the real ``torch.distributed.checkpoint`` in a child process
 (:mod:`dcp_hf_helpers`, the ``hf_root`` fixture of this folder's conftest): two gloo ranks with
-``Shard(0)`` (uneven), ``Shard(1)``, ``Replicate()`` DTensors and a 0-d tensor, and one process. Values must be the ones torch's
-``HuggingFaceStorageReader`` loads back; damaged copies are made here by rewriting the pieces'
-safetensors headers.
+``Shard(0)`` (uneven), ``Shard(1)``, ``Replicate()`` DTensors and a 0-d tensor, and one process.
+Values must be the ones torch's ``HuggingFaceStorageReader`` loads back; damaged copies are made
+here by rewriting the pieces' safetensors headers.
 """
 
 from __future__ import annotations

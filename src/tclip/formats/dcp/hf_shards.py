@@ -32,6 +32,8 @@ from __future__ import annotations
 import json
 import math
 import mmap
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +51,9 @@ from .per_rank import OFFSETS_KEY, PIECE_NAME, SHARDING_KEY, _order, is_piece_na
 
 _COVERAGE_PER_PIECE = 64
 _COVERAGE_BASE = 1 << 22
+# Past this many piece files (a run of hundreds of ranks, several files each), files are not kept
+# open: a piece's file is opened for each read of it (the soft limit on open files is often 1024).
+MAX_OPEN_FILES = 256
 _MAX_SHARDING_INFO = 64 << 20
 
 
@@ -79,11 +84,12 @@ class _PieceFile(SafetensorsReader):
 
 
 class _Piece:
-    __slots__ = ("file", "name", "chunk", "fd", "start", "dtype")
+    __slots__ = ("file", "name", "chunk", "fd", "start", "dtype", "size")
 
     def __init__(self, file: _PieceFile, name: str, chunk: Chunk) -> None:
         self.file, self.name, self.chunk = file, name, chunk
         self.fd, self.start = file._file.fileno(), file.offsets[name]
+        self.size = os.fstat(self.fd).st_size  # (checked again where the file is opened for a read)
         self.dtype = file.tensors[name].dtype
 
 
@@ -126,7 +132,12 @@ class HfShardsReader(TensorReader):
                 raise self.bad(f"{path.name}: cannot read ({error.strerror or error})") from None
             self.files.append(file)
             for name, chunk in self._sharding(file).items():
-                self.pieces.setdefault(name, []).append(_Piece(file, name, chunk))
+                piece = _Piece(file, name, chunk)
+                self.pieces.setdefault(name, []).append(piece)
+                if len(paths) > MAX_OPEN_FILES:
+                    piece.fd = -1
+            if len(paths) > MAX_OPEN_FILES:
+                file.close()
         budget = [_COVERAGE_PER_PIECE * sum(len(p) for p in self.pieces.values()) + _COVERAGE_BASE]
         for name in sorted(self.pieces):
             self.tensors[name] = self._assemble(name, self.pieces[name], budget)
@@ -204,7 +215,7 @@ class HfShardsReader(TensorReader):
         pieces = self.pieces.get(name)
         if not pieces or len(pieces) != 1 or self.tensors[name].refused:
             return None
-        return pieces[0].fd, pieces[0].start
+        return (pieces[0].fd, pieces[0].start) if pieces[0].fd >= 0 else None
 
     def parallel_safe(self, name: str) -> bool:
         return True  # preads and private maps
@@ -249,8 +260,24 @@ class HfShardsReader(TensorReader):
                 self._read_piece(piece, tuple(local), out[tuple(target)] if target else out[...])
 
     def _read_piece(self, piece: _Piece, local: Index, dest: np.ndarray) -> None:
-        dtype, fd = dest.dtype, piece.fd
-        sizes = piece.chunk.sizes
+        if piece.fd >= 0:
+            self._read_from(piece.fd, piece, local, dest)
+            return
+        path = piece.file.path
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        except OSError as error:
+            raise self.bad(f"{path.name}: cannot read ({error.strerror or error})") from None
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or info.st_size != piece.size:
+                raise self.bad(f"{path.name}: changed since the folder was opened")
+            self._read_from(fd, piece, local, dest)
+        finally:
+            os.close(fd)
+
+    def _read_from(self, fd: int, piece: _Piece, local: Index, dest: np.ndarray) -> None:
+        dtype, sizes = dest.dtype, piece.chunk.sizes
         span = contiguous_span(local, sizes, False) if local else (0, 1)
         if span is not None:
             offset = piece.start + span[0] * dtype.itemsize
