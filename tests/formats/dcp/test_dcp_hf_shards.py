@@ -178,6 +178,20 @@ def test_a_folder_of_step_folders(hf_root: Path, tmp_path: Path) -> None:
     assert named[0]["global_norm"] == named[1]["global_norm"]
 
 
+def test_the_folder_in_an_across_files_set(hf_root: Path, tmp_path: Path) -> None:
+    """The folder is one member of a set given to --across-files: its whole tensors count once."""
+    folder = hf_root / "hf_ranks2" / "ckpt"
+    arrays, meta = loaded(hf_root)
+    head = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.savez(tmp_path / "head.npz", **{"lm_head.weight": head})
+    result = run("report", "--json", "--across-files", folder, tmp_path / "head.npz")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout.splitlines()[0])
+    assert len(report["tensors"]) == 6
+    total = sum(norm(values(arrays, meta, name)) ** 2 for name in meta["tensors"]) + norm(head) ** 2
+    assert report["global_norm"] == pytest.approx(math.sqrt(total), rel=1e-12)
+
+
 @pytest.mark.parametrize("how", ["alone", "some_pieces", "across_files"])
 def test_pieces_named_apart_from_their_folder_are_refused(hf_root: Path, how: str) -> None:
     """A piece's shapes are not its tensors': counted as tensors of their own they would give a
