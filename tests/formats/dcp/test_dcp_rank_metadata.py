@@ -82,7 +82,7 @@ def test_convert_writes_the_weights_and_copies_no_rank_file(hf_root: Path, tmp_p
 BROKEN = {
     "shape": "__1.metadata: the ranks' metadata disagree about 'model.layers.0.attention.wq.weight' "
              "(torch.float32 [7, 4] and torch.float32 [8, 4])",
-    "overlap": "the chunks of 'model.layers.0.attention.wq.weight' (shape [7, 4])",
+    "overlap": "the ranks' metadata: the chunks of 'model.layers.0.attention.wq.weight' (shape [7, 4]) overlap",
     "missing_rank": "no __0.metadata, though ranks up to 1 saved theirs: part of the checkpoint is missing",
 }
 

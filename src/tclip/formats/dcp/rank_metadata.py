@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -30,6 +31,9 @@ from ..torch.pickled import PickleLimits
 from ._metadata import BytesEntry, Chunk, DcpMetadata, StorageItem, TensorEntry, load_dcp_metadata
 from .per_rank import RANK_METADATA, rank_metadata_files
 from .reader import DcpReader
+
+_NO_METADATA = re.compile(r"(?<![\w.])\.metadata\b")
+
 
 class RankMetadataReader(DcpReader):
     """A DCP folder of per-rank ``__R.metadata`` files (given as the folder or any of them)."""
@@ -41,6 +45,10 @@ class RankMetadataReader(DcpReader):
         if not self.rank_files:
             raise FormatError("no __R.metadata files: not a DCP checkpoint folder", folder)
         super().__init__(self.rank_files[0])
+
+    def bad(self, what: str) -> FormatError:
+        # the checks of DcpReader name ".metadata"; here they are about the ranks' files merged
+        return super().bad(_NO_METADATA.sub("the ranks' metadata", what))
 
     def _load_metadata(self, data: bytes, limits: PickleLimits) -> DcpMetadata:
         ranks = [int(RANK_METADATA.fullmatch(p.name)["rank"]) for p in self.rank_files]  # type: ignore[index]
