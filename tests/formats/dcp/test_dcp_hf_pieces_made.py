@@ -143,3 +143,18 @@ def test_fold_pieces_takes_a_folder_only_when_every_piece_is_there(tmp_path: Pat
     assert fold_pieces([other, *pieces]) == [other, tmp_path]
     if len(pieces) > 1:
         assert fold_pieces(pieces[1:]) == pieces[1:]
+
+
+def test_a_renamed_piece_is_known_by_its_offsets(tmp_path: Path) -> None:
+    """A piece placed off the origin is refused alone whatever its name; one whose every offset is
+    zero under another name (what the writer saves from one rank's full state dict) is read."""
+    from tclip.errors import UnsupportedError
+    from tclip.formats import open_reader
+
+    rows = np.arange(8, dtype="<f4").reshape(2, 4)
+    write_piece(tmp_path / "model.safetensors", {"w": (rows, (2, 0)), "b": (rows[0], (0,))})
+    with pytest.raises(UnsupportedError, match=r"one rank's pieces of a DCP checkpoint .* give the folder"):
+        open_reader(tmp_path / "model.safetensors")
+    write_piece(tmp_path / "model.safetensors", {"w": (rows, (0, 0)), "b": (rows[0], (0,))})
+    with open_reader(tmp_path / "model.safetensors") as reader:
+        assert reader.read("w").tobytes() == rows.tobytes()
