@@ -161,6 +161,8 @@ def detect_format(path: Path) -> str:
                 found = next((m.NAME for m in FORMATS if hasattr(m, "sniff_file") and m.sniff_file(handle, size)),
                              None)
     except IsADirectoryError:
+        if dcp.is_hf_shards_folder(path):  # DCP's per-rank safetensors pieces: the folder is the checkpoint
+            return dcp.NAME
         raise TclipError("is a directory", path) from None
     except FileNotFoundError:
         raise TclipError("no such file", path) from None

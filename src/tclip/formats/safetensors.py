@@ -146,6 +146,8 @@ class SafetensorsReader(TensorReader):
             if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
                 raise FormatError("__metadata__ must map strings to strings", path)
             self.metadata = dict(metadata)
+            if "DCP_SHARDING_INFO" in self.metadata:
+                self.refuse_dcp_piece()
         entries = []
         for name, entry in header.items():
             entries.append((name, *self._check_entry(name, entry, data_size)))
@@ -210,6 +212,15 @@ class SafetensorsReader(TensorReader):
             raise FormatError(f"tensor {name!r}: data_offsets {offsets!r} run past the end of the data "
                               f"({data_size} bytes); the file is truncated", path)
         return begin, end
+
+    def refuse_dcp_piece(self) -> None:
+        """One rank's pieces of a DCP checkpoint are not read as a file of their own (their
+        shapes are pieces'): :mod:`.dcp.hf_shards` reads their folder as whole tensors."""
+        from .dcp.hf_shards import piece_problem
+
+        problem = piece_problem(self.path, self.metadata)
+        if problem:
+            raise UnsupportedError(problem, self.path)
 
     def close(self) -> None:
         self._file.close()

@@ -25,6 +25,7 @@ from ..errors import FormatError, TclipError
 from ..text import natural_key
 from .atomic import write_json
 from .base import TensorReader
+from .dcp.per_rank import is_hf_shards_folder
 from .registry import open_reader
 
 INDEX_SUFFIX = ".index.json"
@@ -252,7 +253,7 @@ def resolve(tensor_set: TensorSet) -> TensorSet:
         loaded.name = tensor_set.name
         tensor_set = loaded
     for file in tensor_set.files:
-        if not file.is_file():
+        if not file.is_file() and not is_hf_shards_folder(file):  # (DCP's per-rank pieces: a folder is one file)
             raise TclipError(f"shard {file.name} is missing" if tensor_set.index else "no such file", file)
     check_distinct(tensor_set)
     headers = read_headers(tensor_set.files)

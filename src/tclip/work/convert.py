@@ -32,6 +32,7 @@ from ..errors import OutputExistsError, TclipError, UnsupportedError
 from ..formats import TensorInfo, TensorReader, open_reader
 from ..formats.atomic import remove_if_same, write_json
 from ..formats.dcp import METADATA_NAME, is_dcp_folder
+from ..formats.dcp.per_rank import checkpoint_files
 from ..formats.registry import holds_metadata, output_format, suffixes
 from ..formats.sharded import INDEX_SUFFIX, SetReader, TensorSet, is_index, resolve
 from ..messages import Message, Naming, Option, library_name
@@ -384,6 +385,7 @@ def _side_files(source: Path, chosen: Path, tensor_set: TensorSet | None, target
         taken = [chosen]
         if is_dcp_folder(source):
             taken = [source / METADATA_NAME, *sorted(source.glob("*.distcp"))]
+        taken += checkpoint_files(source)  # (a DCP folder saved per rank)
         found = folder_companions(source, target, taken)
     else:
         return Companions()

@@ -18,6 +18,7 @@ from typing import Any
 from ..errors import NoTensorsError, TclipError
 from ..formats import torch as pytorch
 from ..formats.dcp import METADATA_NAME, is_dcp_folder
+from ..formats.dcp.per_rank import fold_pieces, standing_for
 from ..formats.registry import claimed_by_content, content_suffixes, detect_format, kept_endings, open_reader, suffixes
 from ..formats.sharded import INDEX_SUFFIX, load_index
 from ..messages import Option
@@ -182,17 +183,25 @@ def _folder_files(folder: Path, recursive: bool, notes: list[tuple[str, Note]] |
         if found is not None:  # (its other files, Megatron's metadata.json, go along into --out-dir)
             found.weights[folder / METADATA_NAME] = folder
         return [(str(folder), folder / METADATA_NAME)]
+    standing = standing_for(folder)  # a DCP checkpoint saved per rank
+    if standing is not None:
+        return [(str(folder), standing)]
     indexes = folder_indexes(folder, notes)
     if indexes:
         return [(str(index), index) for index in indexes]
     listed = sorted(folder.rglob("*") if recursive else folder.iterdir(), key=lambda p: _natural(str(p)))
     # a DCP folder inside (checkpoint/step-100/) counts as one file: its .metadata
-    files = _holding_tensors([p / METADATA_NAME if p.is_dir() else p for p in listed
-                              if p.is_dir() and is_dcp_folder(p) or p.is_file() and is_tensor_file(p)], notes)
+    picked = [_standing(p) if p.is_dir() else p if p.is_file() and is_tensor_file(p) else None for p in listed]
+    files = _holding_tensors(fold_pieces([p for p in picked if p is not None]), notes)
     weights = folder / SAFETENSORS_SINGLE
     if found is not None and weights in files:
         found.weights[weights] = folder
     return [(str(p), p) for p in files]
+
+
+def _standing(path: Path) -> Path | None:
+    """What stands for a DCP folder (its ``.metadata``; see :func:`standing_for`), else None."""
+    return path / METADATA_NAME if is_dcp_folder(path) else standing_for(path)
 
 
 def _glob_files(pattern: str, recursive: bool, notes: list[tuple[str, Note]] | None,
@@ -206,6 +215,11 @@ def _glob_files(pattern: str, recursive: bool, notes: list[tuple[str, Note]] | N
             pairs.append((str(path), path))
         elif path.is_file() and is_tensor_file(path):
             pairs += [(str(p), p) for p in _holding_tensors([path], notes)]
+    # every per-rank piece of a DCP Hugging Face folder the glob matches: that folder, once
+    folded = fold_pieces([path for _, path in pairs])
+    if len(folded) != len(pairs):
+        names = {os.path.normpath(path): name for name, path in pairs}
+        pairs = [(names.get(os.path.normpath(path), str(path)), path) for path in folded]
     # a shard of a set the glob also gave (its index, its folder) is that set's, not a file of its own
     covered: set[str] = set()
     for _, path in pairs:
@@ -259,6 +273,9 @@ def diff_input(item: str, notes: list[tuple[str, Note]] | None = None) -> str:
         return item
     if is_dcp_folder(path):
         return str(path / METADATA_NAME)
+    standing = standing_for(path)
+    if standing is not None:
+        return str(standing)
     indexes = folder_indexes(path, notes)
     if len(indexes) == 1:
         return str(indexes[0])

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 # The reader (and the pickle machine it needs) is imported when a DCP folder is opened: importing
 # the registry, which imports every format module, must stay cheap.
 if TYPE_CHECKING:
+    from .hf_shards import HfShardsReader
+    from .rank_metadata import RankMetadataReader
     from .reader import DcpReader
 
 NAME = "dcp"
@@ -48,11 +50,31 @@ def Writer(target: Path, tensors: list[Any], output: Any, *, like: Any, metadata
     return write_dcp(target, tensors, output, like=like, metadata=metadata, rewritten=rewritten)
 
 
-def Reader(path: Path) -> DcpReader:  # noqa: N802 (the format's reader)
-    """A :class:`~.reader.DcpReader` of the folder, or of the folder of a ``.metadata``."""
+def Reader(path: Path) -> DcpReader | HfShardsReader | RankMetadataReader:  # noqa: N802 (the format's reader)
+    """A :class:`~.reader.DcpReader` of the folder, or of the folder of a ``.metadata``; for the
+    folders saved per rank (:mod:`.per_rank`), an :class:`~.hf_shards.HfShardsReader` (Hugging
+    Face pieces) or a :class:`~.rank_metadata.RankMetadataReader` (``__R.metadata`` files)."""
     from .reader import DcpReader
 
+    from .per_rank import RANK_METADATA, is_rank_metadata_folder
+
+    if is_hf_shards_folder(path):
+        from .hf_shards import HfShardsReader
+
+        return HfShardsReader(path)
+    if RANK_METADATA.fullmatch(Path(path).name) or is_rank_metadata_folder(path):
+        from .rank_metadata import RankMetadataReader
+
+        return RankMetadataReader(path)
     return DcpReader(path)
+
+
+def is_hf_shards_folder(folder: Path | str) -> bool:
+    """A folder of ``shard-0000R-model-*.safetensors`` pieces (DCP's Hugging Face storage saved
+    per rank) without ``.metadata``."""
+    from .per_rank import is_hf_shards_folder as found
+
+    return found(folder)
 
 
 def is_dcp_folder(folder: Path | str) -> bool:
@@ -64,4 +86,4 @@ def is_dcp_folder(folder: Path | str) -> bool:
         return False
 
 
-__all__ = ["NAME", "SUFFIXES", "METADATA_NAME", "Reader", "Writer", "is_dcp_folder", "sniff"]
+__all__ = ["NAME", "SUFFIXES", "METADATA_NAME", "Reader", "Writer", "is_dcp_folder", "is_hf_shards_folder", "sniff"]

@@ -141,7 +141,7 @@ class DcpReader(TensorReader):
             raise self.bad(f"no {METADATA_NAME} file: not a DCP checkpoint folder") from None
         except OSError as error:
             raise self.bad(f"cannot read {METADATA_NAME} ({error.strerror or error})") from None
-        meta = load_dcp_metadata(data, limits=limits, where=METADATA_NAME, path=self.path)
+        meta = self._load_metadata(data, limits)
         self.metadata = {"dcp_version": meta.version} if meta.version else {}
         items = self._items_by_entry(meta)
         self._coverage_budget = [_COVERAGE_PER_CHUNK * len(meta.items) + _COVERAGE_BASE]
@@ -180,6 +180,11 @@ class DcpReader(TensorReader):
                    for (file, start), blob in self._blobs.items()]
         self._check_disjoint(ranges)
         self._mark_optimizer_state(meta)
+
+    def _load_metadata(self, data: bytes, limits: PickleLimits) -> DcpMetadata:
+        """The checkpoint's metadata from the bytes of :attr:`metadata_path` (a folder of per-rank
+        ``__R.metadata`` files merges them: :mod:`.rank_metadata`)."""
+        return load_dcp_metadata(data, limits=limits, where=METADATA_NAME, path=self.path)
 
     def _items_by_entry(self, meta: DcpMetadata) -> dict[str, list[StorageItem]]:
         """Each entry's storage items, a tensor's in the order of its chunks, all checked present."""
