@@ -25,7 +25,7 @@ import numpy as np
 from tclip.core import kernels
 
 KINDS = {"float32": (np.float32, 1), "bfloat16": (ml_dtypes.bfloat16, 2), "float16": (np.float16, 3)}
-COPIES = {"baseline": 0, "avx2": 1, "avx512": 2}
+COPIES = {"baseline": 0, "avx2": 1, "avx512": 2, "avx512bw": 3}
 CHUNK = 1 << 62  # NumPy 2.x sums a contiguous vector in one call
 
 
@@ -46,7 +46,7 @@ def measure(data: dict[str, np.ndarray], levels: dict[str, int], repeat: int) ->
                 elements = values.size // np.dtype(KINDS[name][0]).itemsize  # values: the bytes
                 times.setdefault((copy, name), []).append(elapsed / per_run / elements * 1e9)
                 results.setdefault(name, set()).add(result)
-    fused.set_copies(2)
+    fused.set_copies(3)
     for name, seen in results.items():
         if len(seen) != 1:
             raise SystemExit(f"{name}: the copies disagree: {seen}")
@@ -65,7 +65,7 @@ def main() -> None:
     for copy, level in COPIES.items():
         if kernels._fused.set_copies(level) == level:
             levels[copy] = level
-    kernels._fused.set_copies(2)
+    kernels._fused.set_copies(3)
     print(f"NumPy {np.__version__}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; "
           f"ns an element (thread CPU time), median of {args.repeat}")
     rng = np.random.default_rng(0)
