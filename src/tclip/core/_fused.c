@@ -504,12 +504,13 @@ ATTR ALWAYS_INLINE void NAME##_leaves(const unsigned char *a, const Py_ssize_t *
     const unsigned char *t[8];                                                                        \
     Py_ssize_t whole[8], common = PY_SSIZE_T_MAX;                                                     \
     int tails = 0;                                                                                    \
+    _Pragma("GCC unroll 8")                                                                         \
     for (int q = 0; q < K; q++) {                                                                     \
         t[q] = a + 2 * off[q];                                                                        \
         whole[q] = len[q] - len[q] % 8;                                                               \
         tails |= whole[q] != len[q];                                                                  \
         common = whole[q] < common ? whole[q] : common;                                               \
-        r[q] = (V8){0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};                                          \
+        r[q] = (V8)_mm512_setzero_pd();                                                               \
     }                                                                                                 \
     __m512i smax = e->smax, umax = e->umax, umin = e->umin;                                           \
     Py_ssize_t i;                                                                                     \
