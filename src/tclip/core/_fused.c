@@ -356,29 +356,35 @@ SIDE_BY_SIDE(f16_avx512, f16, 1, AVX512)
 AFTER_EXTREMES(f16_avx512, AVX512)
 CHUNKED(f16_avx512, AVX512)
 
-/* The 16-bit statistics for AVX-512 once more, where the CPU also has AVX512-BW and
- * AVX512-FP16 (level 3): what the profile of the copy above found beside the eight
- * conversions and additions per eight values, done with fewer instructions.
- * - The extremes: the smallest and largest key follow from three integer reductions of the
- *   patterns themselves, 32 at a time, with no key computed per value: the signed maximum
- *   (the largest non-negative pattern, where there is one), and the unsigned maximum (the
+/* The 16-bit statistics for AVX-512 once more, where the CPU also has AVX512-BW (level 3):
+ * the same additions in the same order, with fewer instructions beside the conversions.
+ * - Each leaf is read 32 values (one 64-byte load) at a time, and the extremes are found in
+ *   those same registers: no second loop over the data (the copy above read every value
+ *   twice, the extremes' loop from L2 and the sum's from L1). They follow from three integer
+ *   reductions of the patterns, with no key computed per value: the signed maximum (the
+ *   largest non-negative pattern, where there is one), and the unsigned maximum (the
  *   negative one of the largest magnitude, where there is one) and minimum (the smallest
  *   non-negative pattern, or where all are negative, the one of the smallest magnitude).
  *   The smallest key is the unsigned maximum's where it has the sign bit, else the unsigned
  *   minimum's; the largest is the signed maximum's where it is not negative, else the
- *   unsigned minimum's: the same keys as EXTREMES (the order of the keys is the values',
- *   with -0 below +0), found with 3 instructions per 32 values instead of 5 per 16.
+ *   unsigned minimum's: EXTREMES's keys (whose order is the values', -0 below +0), with 3
+ *   instructions per 32 values where EXTREMES takes 5 per 16.
+ * - bfloat16: each eight of the 32 put in the upper halves of eight 32-bit lanes by one
+ *   permutation (zero-extending and shifting took two), then widened and added as above.
+ *   float16: sixteen widened to float32 by one conversion, squared, widened as above.
  * - The eight leaves' eight accumulators are added up in their tree order lane-wise:
  *   two leaves' registers shuffled into the even and the odd accumulators of both and added
  *   give (a0 + a1), (a2 + a3), ... of both; the same twice more gives ((a0 + a1) + (a2 + a3))
- *   + ((a4 + a5) + (a6 + a7)) of all eight in one register: 21 instructions, where one
- *   leaf's sum read lane by lane took seven dependent scalar additions and the lanes' moves.
- * - float16 is widened to float64 by AVX512-FP16's one conversion (exact, subnormals
- *   included, whatever the FPU's flush-to-zero and denormals-are-zero settings, which the
- *   FP16 instructions ignore), and its square added by a fused multiply-add (exact square,
- *   one rounding: bfloat16's reasoning), where F16C's path widened to float32, squared,
- *   and widened again. */
-#define AVX512BW __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512fp16")))
+ *   + ((a4 + a5) + (a6 + a7)) of all eight in one register: 21 instructions, where each
+ *   leaf's lanes were read out and added one by one.
+ * Measured, one core of a loaded 2-core VM, 32,768 values (L2), the same process: bfloat16
+ * 0.35 -> 0.29, float16 0.33 -> 0.30 ns an element (float32 0.43): per byte 1.6 -> 1.35 times
+ * float32's; out of cache 0.39 -> 0.35, 0.38 -> 0.36 (float32 0.72-0.75). What is left per
+ * eight values is one permutation or conversion to float32, the conversion to float64 (two
+ * micro-ops) and the multiply-add, on the two ports of 512-bit operations: without the
+ * extremes' three instructions per 32 the sum alone measured 0.17 against float32's 0.28
+ * (per byte 1.21 times), so the extremes and the widening both stand above 1.2. */
+#define AVX512BW __attribute__((target("avx2,fma,f16c,avx512f,avx512bw")))
 #define EXTREMES32(smax, umax, umin, v)                                                      \
     do {                                                                                     \
         (smax) = _mm512_max_epi16((smax), (v));                                              \
@@ -450,7 +456,8 @@ ATTR static double NAME##_chunk(const unsigned char *a, Py_ssize_t n, Keys *k)  
  * ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7)) of its lanes. */
 AVX512BW ALWAYS_INLINE void eight_leaf_sums(const V8 *r, double *sums)
 {
-    const __m512i even = _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14), odd = _mm512_setr_epi64(1, 3, 5, 7, 9, 11, 13, 15);
+    const __m512i even = _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14);
+    const __m512i odd = _mm512_setr_epi64(1, 3, 5, 7, 9, 11, 13, 15);
     __m512d level[4];
     for (int q = 0; q < 4; q++)  /* leaves 2q, 2q + 1: (r0 + r1), (r2 + r3), (r4 + r5), (r6 + r7) of each */
         level[q] = _mm512_add_pd(_mm512_permutex2var_pd((__m512d)r[2 * q], even, (__m512d)r[2 * q + 1]),
@@ -462,16 +469,12 @@ AVX512BW ALWAYS_INLINE void eight_leaf_sums(const V8 *r, double *sums)
                                          _mm512_permutex2var_pd(level[0], odd, level[1])));
 }
 
-#define ADD8_F16_AVX512FP16(r, p)                                                            \
-    do {                                                                                     \
-        const __m512d d_ = _mm512_cvtph_pd(_mm_castsi128_ph(LOAD8_16(p)));                   \
-        (r) = (V8)_mm512_fmadd_pd(d_, d_, (__m512d)(r));                                     \
-    } while (0)
-/* bf16_spread[g]: the permutation that puts values 8g .. 8g + 7 of 32 in the upper halves of
+/* bf16_spread_words[g]: the permutation that puts values 8g .. 8g + 7 of 32 in the upper halves of
  * the first eight 32-bit lanes (words 1, 3, .., 15). */
 #define SPREAD(g) {0, 8 * (g), 0, 8 * (g) + 1, 0, 8 * (g) + 2, 0, 8 * (g) + 3, 0, 8 * (g) + 4, 0, 8 * (g) + 5, \
                    0, 8 * (g) + 6, 0, 8 * (g) + 7}
-static const uint16_t bf16_spread_words[4][32] __attribute__((aligned(64))) = {SPREAD(0), SPREAD(1), SPREAD(2), SPREAD(3)};
+static const uint16_t bf16_spread_words[4][32] __attribute__((aligned(64))) = {
+    SPREAD(0), SPREAD(1), SPREAD(2), SPREAD(3)};
 #define bf16_spread_at(g) _mm512_load_si512((const void *)bf16_spread_words[g])
 /* 32 bfloat16 values loaded in v: each eight of them put in the upper halves of eight 32-bit
  * lanes, the lower halves zeroed (one permutation; two instructions before), then as ADD8. */
@@ -852,8 +855,8 @@ static PyObject *scale_f32(PyObject *self, PyObject *args)
 }
 
 /* The copies of the loops: 0 the baseline ones, 1 the AVX2 ones, 2 the AVX2 ones with the
- * AVX-512 ones for the 16-bit statistics, 3 as 2 with the AVX-512 ones that also use BW and
- * FP16; the highest at most `wanted` that the CPU has.
+ * AVX-512 ones for the 16-bit statistics, 3 as 2 with the AVX-512 ones that also use
+ * AVX512-BW; the highest at most `wanted` that the CPU has.
  * Returns the level now in use. */
 static int use_copies(int wanted)
 {
@@ -877,8 +880,7 @@ static int use_copies(int wanted)
             squares_of[KIND_BF16] = bf16_avx512_squares;
             squares_of[KIND_F16] = f16_avx512_squares;
             level = 2;
-            if (wanted >= 3 && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl")
-                    && __builtin_cpu_supports("avx512fp16")) {
+            if (wanted >= 3 && __builtin_cpu_supports("avx512bw")) {
                 squares_of[KIND_BF16] = bf16_avx512bw_squares;
                 squares_of[KIND_F16] = f16_avx512bw_squares;
                 level = 3;
@@ -927,8 +929,8 @@ static PyMethodDef methods[] = {
      "the AVX2 copies are in use. For the tests: all give the same bits."},
     {"set_copies", set_copies, METH_VARARGS,
      "set_copies(level) -> level in use: 0 the baseline loops, 1 the AVX2 ones, 2 the AVX2 ones\n"
-     "and the AVX-512 ones for the 16-bit statistics, 3 as 2 with AVX512-BW and AVX512-FP16 in\n"
-     "those; the highest at most `level` the CPU has."},
+     "and the AVX-512 ones for the 16-bit statistics, 3 as 2 with AVX512-BW in those; the\n"
+     "highest at most `level` the CPU has."},
     {"unit_stats", unit_stats, METH_VARARGS,
      "unit_stats(data, kind, chunk) -> (sum_of_squares, smallest, largest)\n\n"
      "data: a unit's stored bytes, C-contiguous; kind: 0 float64, 1 float32, 2 bfloat16,\n"
