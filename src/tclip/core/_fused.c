@@ -368,7 +368,8 @@ CHUNKED(f16_avx512, AVX512)
  *   The smallest key is the unsigned maximum's where it has the sign bit, else the unsigned
  *   minimum's; the largest is the signed maximum's where it is not negative, else the
  *   unsigned minimum's: EXTREMES's keys (whose order is the values', -0 below +0), with 3
- *   instructions per 32 values where EXTREMES takes 5 per 16.
+ *   instructions per 32 values where EXTREMES takes 5 per 16. FETCH_NEXT stays: with the
+ *   sum's loads reading memory it still measured 0.50 -> 0.41 ns an element out of cache.
  * - bfloat16: each eight of the 32 put in the upper halves of eight 32-bit lanes by one
  *   permutation (zero-extending and shifting took two), then widened and added as above.
  *   float16: sixteen widened to float32 by one conversion, squared, widened as above.
