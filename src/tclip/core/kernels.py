@@ -669,3 +669,19 @@ def clip_unit(x: np.ndarray, lo: float, hi: float, scratch: Scratch | None = Non
         if wide is not x:
             np.copyto(x, wide, casting="unsafe")  # exact: every value is one of x's dtype
     return changed, wide
+
+
+def quant_sums(raw: np.ndarray, block_pairs: int, byte_squares: np.ndarray, key_kind: int, key_values: np.ndarray,
+               scales: np.ndarray, bounds: np.ndarray, fast: int) -> tuple[np.ndarray, float, float] | None:
+    """Quantized codes' closed form in C (``_fused.quant_sums``; the caller,
+    :func:`tclip.quant.codes.closed_form`, keeps its NumPy way and checks the two agree
+    before first use): the sums of squares per group of rows and the extremes, or None where
+    the extension is not built. ``fast``: the codes are E4M3FN, whose sums C may take in any
+    order where they are exact (it checks): 0 never, 1 with AVX2, 2 with AVX-512 (where the CPU
+    has them)."""
+    if _fused is None:
+        return None
+    sums = np.empty(bounds.size - 1, np.float64)
+    largest, smallest = _fused.quant_sums(raw, raw.shape[1], block_pairs, byte_squares, key_kind, key_values,
+                                          scales, scales.shape[1], bounds, sums, fast)
+    return sums, largest, smallest
