@@ -107,11 +107,13 @@ def test_every_finite_code_alone_in_its_block(fmt, scale_kind):
 
 @pytest.mark.parametrize("bw", [16, 32, 64, 48])
 @pytest.mark.parametrize("bh", [None, 1, 8, 64])
-def test_every_fp4_code_pair_under_every_kind_of_scale(bw, bh):
+@pytest.mark.parametrize("cols", [256, 200])
+def test_every_fp4_code_pair_under_every_kind_of_scale(bw, bh, cols):
     """E2M1: every byte (every pair of the 16 codes, NaN-free by construction) in groups of
-    16 and 32 (NVFP4, MXFP4), longer blocks and a partial last block."""
-    rng = np.random.default_rng(bw * 100 + (bh or 0))
-    rows, cols = 64, 200  # 400 codes a row: a partial last block for 48 and 32
+    16 and 32 (NVFP4, MXFP4), longer blocks and a partial last block (200 bytes: 400 codes a
+    row, a partial block for 48 and 32, and rows the AVX-512 loop does not take)."""
+    rng = np.random.default_rng(bw * 100 + (bh or 0) + cols)
+    rows = 64
     raw = np.concatenate([rng.permutation(256).astype(np.uint8) for _ in range(rows * cols // 256 + 1)])
     raw = raw[:rows * cols].reshape(rows, cols)
     for scale_kind in ("positive", "mixed", "float16"):
@@ -216,3 +218,13 @@ def test_a_files_statistics_are_the_same_with_and_without_c(tmp_path, monkeypatc
     assert calls, "the C loop was not used"
     monkeypatch.setattr(codes, "quant_sums", lambda *args: None)
     assert run() == fused and len(fused) == 3
+
+
+@pytest.mark.parametrize("name", ["float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
+                                  "float8_e8m0fnu", "float4_e2m1fn"])
+def test_one_byte_scales_by_table_are_ml_dtypes_casts(name):
+    import ml_dtypes
+
+    raw = np.arange(256, dtype=np.uint8).view(getattr(ml_dtypes, name)).reshape(4, 64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        assert codes.scale_values(raw, False).tobytes() == raw.astype(np.float64).tobytes()

@@ -717,7 +717,7 @@ static PyMethodDef methods[] = {
      "bounds, sums, fast) -> (largest, smallest): quant.codes.closed_form's sums of squares per group\n"
      "of rows (bounds: int64 row starts and the end) and extremes of codes times block scales;\n"
      "fast: E4M3FN codes summed in any order where that is exact, with AVX2 (1) or AVX-512 (2) where\n"
-     "the CPU has it (0: NumPy's order always)."},
+     "the CPU has it, E2M1 codes (key_kind 2) in integers with AVX-512 (2) (0: NumPy's order always)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -835,7 +835,7 @@ typedef struct {
     double *sums;
 } QuantJob;
 
-enum { QFAST_NONE = 0, QFAST_E4M3 = 1, QFAST_E4M3_AVX512 = 2 };
+enum { QFAST_NONE = 0, QFAST_E4M3 = 1, QFAST_E4M3_AVX512 = 2, QFAST_E2M1_AVX512 = 3 };
 
 /* Group g's block sums of squares into cs and block keys into bhi, blo, in NumPy's order. */
 static void quant_blocks_ordered(const QuantJob *job, Py_ssize_t g, double *col, int8_t *hi, int8_t *lo,
@@ -938,7 +938,7 @@ AVX2 static double quant_e4m3_block(const uint8_t *p, Py_ssize_t rows, Py_ssize_
  * exact in int64, converted to float64 exactly while below 2**53 (the caller checks 2**35 after
  * the scaling by 2**-18). */
 #ifdef HAVE_AVX2_COPY
-#define QUANT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vbmi,avx512vnni")))
+#define QUANT_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vbmi,avx512vnni")))
 static uint8_t quant_msq[128];
 static int8_t quant_factor[4][128];
 
@@ -1032,10 +1032,114 @@ QUANT_AVX512 static int quant_e4m3_group512(const uint8_t *p, Py_ssize_t rows, P
     return 1;
 }
 
+/* E2M1 codes (two a byte) with AVX-512: 4 * v * v of each nibble by vpshufb (0, 1, 4, 9, 16, 36,
+ * 64, 144), summed per eight bytes by vpsadbw, and each eight bytes' largest and smallest key
+ * (biased by 128 to order as unsigned bytes, the smallest as the largest of their complements);
+ * the eight-byte sums of a group's rows are added, then per block of kb bytes (a multiple of 8).
+ * Integers: exact, as NumPy's sums of these squares are. rb: a multiple of 64. */
+QUANT_AVX512 static inline __m512i quant_qword_max(__m512i v)
+{
+    v = _mm512_max_epu8(v, _mm512_srli_epi64(v, 32));
+    v = _mm512_max_epu8(v, _mm512_srli_epi64(v, 16));
+    return _mm512_max_epu8(v, _mm512_srli_epi64(v, 8));
+}
+
+QUANT_AVX512 static void quant_e2m1_group512(const uint8_t *p, Py_ssize_t rows, Py_ssize_t rb, Py_ssize_t kb,
+                                             uint64_t *qsum, uint8_t *qtop, uint8_t *qnot, double *cs,
+                                             int8_t *bhi, int8_t *blo)
+{
+    const __m512i squares = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 4, 9, 16, 36, 64, (char)144,
+                                                                 0, 1, 4, 9, 16, 36, 64, (char)144));
+    const __m512i keys = _mm512_broadcast_i32x4(_mm_setr_epi8((char)128, (char)129, (char)130, (char)131,
+                                                              (char)132, (char)133, (char)134, (char)135,
+                                                              127, 126, 125, 124, 123, 122, 121, 120));
+    const __m512i nibble = _mm512_set1_epi8(0x0F), ones = _mm512_set1_epi8(-1), zero = _mm512_setzero_si512();
+    for (Py_ssize_t r = 0; r < rows; r++, p += rb) {
+        for (Py_ssize_t c = 0; c < rb; c += 64) {
+            __m512i x = _mm512_loadu_si512(p + c);
+            __m512i low = _mm512_and_si512(x, nibble), high = _mm512_and_si512(_mm512_srli_epi16(x, 4), nibble);
+            __m512i sum = _mm512_add_epi64(_mm512_sad_epu8(_mm512_shuffle_epi8(squares, low), zero),
+                                           _mm512_sad_epu8(_mm512_shuffle_epi8(squares, high), zero));
+            __m512i a = _mm512_shuffle_epi8(keys, low), b = _mm512_shuffle_epi8(keys, high);
+            __m128i top = _mm512_cvtepi64_epi8(quant_qword_max(_mm512_max_epu8(a, b)));
+            __m128i not = _mm512_cvtepi64_epi8(quant_qword_max(_mm512_xor_si512(_mm512_min_epu8(a, b), ones)));
+            uint64_t *qs = qsum + c / 8;
+            if (r) {
+                sum = _mm512_add_epi64(sum, _mm512_loadu_si512(qs));
+                top = _mm_max_epu8(top, _mm_loadl_epi64((const __m128i *)(const void *)(qtop + c / 8)));
+                not = _mm_max_epu8(not, _mm_loadl_epi64((const __m128i *)(const void *)(qnot + c / 8)));
+            }
+            _mm512_storeu_si512(qs, sum);
+            _mm_storel_epi64((__m128i *)(void *)(qtop + c / 8), top);
+            _mm_storel_epi64((__m128i *)(void *)(qnot + c / 8), not);
+        }
+    }
+    const Py_ssize_t per = kb / 8;
+    if (per == 1) {  /* NVFP4: a block is eight bytes (a loop GCC vectorizes) */
+        for (Py_ssize_t b = 0; b < rb / 8; b++) {
+            cs[b] = (double)(qsum[b] < ((uint64_t)1 << 53) ? qsum[b] : ((uint64_t)1 << 53)) * 0.25;
+            bhi[b] = (int8_t)(qtop[b] ^ 0x80);
+            blo[b] = (int8_t)((uint8_t)~qnot[b] ^ 0x80);
+        }
+        return;
+    }
+    for (Py_ssize_t b = 0; b < rb / kb; b++) {
+        uint64_t sum = 0;
+        uint8_t top = 0, not = 0;
+        for (Py_ssize_t q = b * per; q < (b + 1) * per; q++) {
+            sum += qsum[q];
+            top = qtop[q] > top ? qtop[q] : top;
+            not = qnot[q] > not ? qnot[q] : not;
+        }
+        cs[b] = (double)(sum < ((uint64_t)1 << 53) ? sum : ((uint64_t)1 << 53)) * 0.25;  /* 2**51: not exact */
+        bhi[b] = (int8_t)(top ^ 0x80);
+        blo[b] = (int8_t)((uint8_t)~not ^ 0x80);
+    }
+}
+
+/* quant_group's products for E2M1 (keys -8 .. 7), eight blocks at a time: each block's sum
+ * times its scale squared into cs, the extremes of its codes times its scale folded in. */
+QUANT_AVX512 static void quant_e2m1_finish512(const QuantJob *job, const double *s, Py_ssize_t nb, double *cs,
+                                              const int8_t *bhi, const int8_t *blo, double *largest,
+                                              double *smallest, int *nan)
+{
+    const __m512d low = _mm512_loadu_pd(job->kval + 120), high = _mm512_loadu_pd(job->kval + 128);
+    const __m512i eight = _mm512_set1_epi64(8);
+    __m512d top_all = _mm512_set1_pd(-INFINITY), bottom_all = _mm512_set1_pd(INFINITY);
+    __mmask8 bad = 0;
+    Py_ssize_t b = 0;
+    for (; b + 8 <= nb; b += 8) {
+        __m512d scale = _mm512_loadu_pd(s + b);
+        _mm512_storeu_pd(cs + b, _mm512_mul_pd(_mm512_mul_pd(scale, scale), _mm512_loadu_pd(cs + b)));
+        __m512i h = _mm512_add_epi64(_mm512_cvtepi8_epi64(_mm_loadl_epi64((const __m128i *)(const void *)(bhi + b))),
+                                     eight);
+        __m512i l = _mm512_add_epi64(_mm512_cvtepi8_epi64(_mm_loadl_epi64((const __m128i *)(const void *)(blo + b))),
+                                     eight);
+        __m512d top = _mm512_mul_pd(_mm512_permutex2var_pd(low, h, high), scale);
+        __m512d bottom = _mm512_mul_pd(_mm512_permutex2var_pd(low, l, high), scale);
+        bad |= _mm512_cmp_pd_mask(top, bottom, _CMP_UNORD_Q);
+        top_all = _mm512_max_pd(top_all, _mm512_max_pd(top, bottom));
+        bottom_all = _mm512_min_pd(bottom_all, _mm512_min_pd(top, bottom));
+    }
+    *nan |= bad != 0;
+    const double top = _mm512_reduce_max_pd(top_all), bottom = _mm512_reduce_min_pd(bottom_all);
+    if (top > *largest) *largest = top;
+    if (bottom < *smallest) *smallest = bottom;
+    for (; b < nb; b++) {
+        const double t = job->kval[bhi[b] + 128] * s[b], u = job->kval[blo[b] + 128] * s[b];
+        *nan |= isnan(t) || isnan(u);
+        if (t > *largest) *largest = t;
+        if (u > *largest) *largest = u;
+        if (t < *smallest) *smallest = t;
+        if (u < *smallest) *smallest = u;
+        cs[b] = (s[b] * s[b]) * cs[b];
+    }
+}
+
 static int quant_avx512(void)
 {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq")
            && __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx512vnni");
 }
 #endif
@@ -1047,9 +1151,19 @@ static int quant_blocks_fast(const QuantJob *job, Py_ssize_t g, double *cs, int8
 {
 #ifdef HAVE_AVX2_COPY
     const Py_ssize_t rb = job->rb, kb = 2 * job->bpb;
-    if (job->fast == QFAST_NONE || kb % 16 || rb % kb) return 0;
     const uint8_t *p = job->raw + job->bounds[g] * rb;
     const Py_ssize_t rows = job->bounds[g + 1] - job->bounds[g];
+    if (job->fast == QFAST_E2M1_AVX512 && kb % 8 == 0 && rb % kb == 0 && rb % 64 == 0) {
+        void *memory = PyMem_RawMalloc(2 * (size_t)rb);   /* rb / 8 sums of 8 bytes, then rb / 8 bytes twice */
+        if (memory == NULL) return 0;
+        uint8_t *top = (uint8_t *)memory + rb;
+        quant_e2m1_group512(p, rows, rb, kb, memory, top, top + rb / 8, cs, bhi, blo);
+        PyMem_RawFree(memory);
+        for (Py_ssize_t b = 0; b < rb / kb; b++)
+            if (!(cs[b] < 0x1p51)) return 0;
+        return 1;
+    }
+    if (job->fast == QFAST_NONE || job->fast == QFAST_E2M1_AVX512 || kb % 16 || rb % kb) return 0;
     if (kb % 64 == 0 && job->fast == QFAST_E4M3_AVX512) {
         int ok = 0;
         void *memory = PyMem_RawMalloc(6 * (size_t)(rb / kb) * sizeof(__m512i) + 64);  /* aligned to 64 below */
@@ -1078,7 +1192,15 @@ static void quant_group(const QuantJob *job, Py_ssize_t g, double *col, double *
     const Py_ssize_t m = job->rb / 2, nb = (m + job->bpb - 1) / job->bpb;
     const double *s = job->scales + g * job->stride;
     int8_t *bhi = hi + job->rb, *blo = lo + job->rb;   /* after each byte's keys: each block's */
-    if (!quant_blocks_fast(job, g, cs, bhi, blo)) quant_blocks_ordered(job, g, col, hi, lo, cs, bhi, blo);
+    const int fast = quant_blocks_fast(job, g, cs, bhi, blo);
+    if (!fast) quant_blocks_ordered(job, g, col, hi, lo, cs, bhi, blo);
+#ifdef HAVE_AVX2_COPY
+    if (fast && job->fast == QFAST_E2M1_AVX512) {
+        quant_e2m1_finish512(job, s, nb, cs, bhi, blo, largest, smallest, nan);
+        job->sums[g] = 0.0 + quant_pairwise(cs, nb);
+        return;
+    }
+#endif
     for (Py_ssize_t b = 0; b < nb; b++) {
         const double top = job->kval[bhi[b] + 128] * s[b], bottom = job->kval[blo[b] + 128] * s[b];
         *nan |= isnan(top) || isnan(bottom);
@@ -1130,8 +1252,11 @@ static PyObject *quant_sums(PyObject *self, PyObject *args)
     }
     if (ok && col && terms && keys) {
         const int level = quant_avx2();  /* under the GIL: fills the tables once */
-        QuantJob job = {raw.buf, rb, bpb, kind, fast < level ? fast : level, sq.buf, kval.buf, scales.buf, stride,
-                        bound, groups, sums.buf};
+        /* E2M1 (key kind QKEY_NIBBLES): its fast loop where the caller allows AVX-512 and the CPU has it */
+        const int loop = kind == QKEY_NIBBLES ? (fast >= 2 && level == QFAST_E4M3_AVX512 ? QFAST_E2M1_AVX512 : 0)
+                                              : (fast < level ? fast : level);
+        QuantJob job = {raw.buf, rb, bpb, kind, loop, sq.buf, kval.buf, scales.buf, stride, bound, groups,
+                        sums.buf};
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t g = 0; g < groups; g++)
             quant_group(&job, g, col, terms, keys, keys + 2 * rb, &largest, &smallest, &nan);

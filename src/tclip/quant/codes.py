@@ -145,8 +145,18 @@ def scale_values(raw: np.ndarray, e8m0: bool) -> np.ndarray:
     """A scale tensor's stored elements as float64 values (exact for every float dtype)."""
     if e8m0:
         return e8m0_values(raw)
+    raw = np.asarray(raw)
+    if raw.dtype.itemsize == 1 and raw.dtype.kind == "V":  # ml_dtypes float8 (E4M3, E8M0, ...)
+        return _byte_scale_table(raw.dtype)[raw.view(np.uint8)]  # NVFP4's E4M3 scales: ml_dtypes' cast is slow
     with np.errstate(invalid="ignore", over="ignore"):
-        return np.asarray(raw).astype(np.float64)
+        return raw.astype(np.float64)
+
+
+@functools.cache
+def _byte_scale_table(dtype: np.dtype) -> np.ndarray:
+    """Every byte of a one-byte float dtype as ml_dtypes casts it to float64 (the same bits)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.arange(256, dtype=np.uint8).view(dtype).astype(np.float64)
 
 
 def is_power_of_two(factor: float) -> bool:
@@ -449,8 +459,8 @@ def _closed_form_fused(unit: UnitCodes, per_row: bool, check: bool = True, fast:
     """:func:`closed_form` in C, or None where it does not apply: no extension, rows that do
     not start on a block or hold an odd number of bytes, or a zero extreme (NumPy's max
     chooses between -0 and +0 by its own order). ``check``: only once the probe agreed;
-    ``fast``: E4M3FN codes summed in any order where that is exact, at most with AVX2 (1) or
-    AVX-512 (2) (0: NumPy's order)."""
+    ``fast``: E4M3FN and E2M1 codes summed in any order where that is exact, at most with AVX2
+    (1, E4M3FN only) or AVX-512 (2) (0: NumPy's order)."""
     fmt, raw = unit.fmt, unit.raw
     pair = 2 * fmt.per_byte  # elements in two bytes
     n = raw.shape[0]
@@ -463,8 +473,9 @@ def _closed_form_fused(unit: UnitCodes, per_row: bool, check: bool = True, fast:
         scales, bounds = unit.scales, np.asarray([0] + [b for _, b in unit.runs], np.int64)
     squares, kind, key_values = _fused_tables(fmt)
     blocks = -(-unit.width // unit.bw)
-    result = quant_sums(raw, unit.bw // pair, squares, kind, key_values,
-                        np.ascontiguousarray(scales[:, :blocks], np.float64), bounds, fast if fmt.name == "e4m3fn" else 0)
+    scales = np.ascontiguousarray(scales[:, :blocks], np.float64)
+    result = quant_sums(raw, unit.bw // pair, squares, kind, key_values, scales, bounds,
+                        fast if fmt.name in ("e4m3fn", "e2m1") else 0)
     if result is None or result[1] == 0 or result[2] == 0:
         return None
     return result
