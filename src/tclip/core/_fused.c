@@ -684,6 +684,7 @@ static PyObject *set_copies(PyObject *self, PyObject *args)
 }
 
 static PyObject *quant_sums(PyObject *self, PyObject *args);  /* the quantized section, at the end */
+static PyObject *code_moments(PyObject *self, PyObject *args);
 
 static PyMethodDef methods[] = {
     {"row_stats", row_stats, METH_VARARGS,
@@ -718,6 +719,9 @@ static PyMethodDef methods[] = {
      "of rows (bounds: int64 row starts and the end) and extremes of codes times block scales;\n"
      "fast: E4M3FN codes summed in any order where that is exact, with AVX2 (1) or AVX-512 (2) where\n"
      "the CPU has it, E2M1 codes (key_kind 2) in integers with AVX-512 (2) (0: NumPy's order always)."},
+    {"code_moments", code_moments, METH_VARARGS,
+     "code_moments(codes, n, is_signed, bias, out): per row of n codes c (uint8, or int8), c - bias's sum,\n"
+     "sum of squares, smallest and largest into out (int64, 4 x rows)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1279,4 +1283,50 @@ static PyObject *quant_sums(PyObject *self, PyObject *args)
     }
     if (nan) largest = smallest = NAN;
     return Py_BuildValue("(dd)", largest, smallest);
+}
+
+/* GGUF code moments (tclip.quant.ggml.blocks._code_stats): per row of n codes, c = u - bias
+ * (u: uint8, or int8 where is_signed), the sum of c, of c * c, the smallest and the largest c,
+ * into out[0 .. 4) (int64, one row of `rows` each). Integers: exact in any order, so NumPy's
+ * float32 sums (exact below 2**24) give the same numbers. */
+static PyObject *code_moments(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_buffer codes, out;
+    Py_ssize_t n, bias;
+    int is_signed;
+    if (!PyArg_ParseTuple(args, "y*ninw*", &codes, &n, &is_signed, &bias, &out)) return NULL;
+    const Py_ssize_t rows = n > 0 ? codes.len / n : 0;
+    const int ok = n > 0 && n <= 4096 && codes.len % n == 0 && out.len == 4 * rows * (Py_ssize_t)sizeof(int64_t);
+    if (ok) {
+        const uint8_t *p = codes.buf;
+        int64_t *sums = out.buf, *squares = sums + rows, *lo = squares + rows, *hi = lo + rows;
+        const int32_t b = (int32_t)bias;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t r = 0; r < rows; r++, p += n) {
+            int32_t s = 0, q = 0, small = INT32_MAX, large = INT32_MIN;
+            if (is_signed) {
+                for (Py_ssize_t j = 0; j < n; j++) {
+                    int32_t c = (int32_t)(int8_t)p[j] - b;
+                    s += c; q += c * c;
+                    small = c < small ? c : small; large = c > large ? c : large;
+                }
+            } else {
+                for (Py_ssize_t j = 0; j < n; j++) {
+                    int32_t c = (int32_t)p[j] - b;
+                    s += c; q += c * c;
+                    small = c < small ? c : small; large = c > large ? c : large;
+                }
+            }
+            sums[r] = s; squares[r] = q; lo[r] = small; hi[r] = large;
+        }
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&codes);
+    PyBuffer_Release(&out);
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "code_moments: bad row length or output");
+        return NULL;
+    }
+    Py_RETURN_NONE;
 }

@@ -685,3 +685,13 @@ def quant_sums(raw: np.ndarray, block_pairs: int, byte_squares: np.ndarray, key_
     largest, smallest = _fused.quant_sums(raw, raw.shape[1], block_pairs, byte_squares, key_kind, key_values,
                                           scales, scales.shape[1], bounds, sums, fast)
     return sums, largest, smallest
+
+
+def code_moments(codes: np.ndarray, bias: int) -> np.ndarray | None:
+    """Per row of ``codes`` (2-D, C order, uint8 or int8), of ``c = code - bias``: the sums, sums of
+    squares, smallest and largest (int64 rows of the result), in C; None without the extension."""
+    if _fused is None:
+        return None
+    out = np.empty((4, codes.shape[0]), np.int64)
+    _fused.code_moments(codes, codes.shape[1], int(codes.dtype == np.int8), bias, out)
+    return out
