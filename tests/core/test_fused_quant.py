@@ -228,3 +228,13 @@ def test_one_byte_scales_by_table_are_ml_dtypes_casts(name):
     raw = np.arange(256, dtype=np.uint8).view(getattr(ml_dtypes, name)).reshape(4, 64)
     with np.errstate(invalid="ignore", over="ignore"):
         assert codes.scale_values(raw, False).tobytes() == raw.astype(np.float64).tobytes()
+
+
+def test_scale_findings_of_good_and_bad_scales():
+    """ScaleFindings.add's shortcut (every scale finite and non-zero) and its full count agree."""
+    found = codes.ScaleFindings("w_scale", (2, 4))
+    found.add(np.array([0.5, -2.0, 0.25, 1.0]), 0)
+    assert (found.count, found.nan, found.inf, found.zero, found.smallest, found.largest) == (4, 0, 0, 0, 0.25, 2.0)
+    found.add(np.array([0.0, np.nan, -np.inf, 8.0]), 4)
+    assert (found.count, found.nan, found.inf, found.zero) == (8, 1, 1, 1)
+    assert (found.first_bad, found.first_zero, found.smallest, found.largest) == (5, 4, 0.25, 8.0)

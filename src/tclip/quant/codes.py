@@ -283,8 +283,13 @@ class ScaleFindings:
         flat = np.asarray(values, np.float64).reshape(-1)
         if not flat.size:
             return
-        self.count += flat.size
         magnitude = np.abs(flat)
+        low, high = float(magnitude.min()), float(magnitude.max())
+        if low > 0 and high < math.inf:  # all finite and non-zero (a NaN fails both): nothing to count
+            self.count += flat.size
+            self.smallest, self.largest = min(self.smallest, low), max(self.largest, high)
+            return
+        self.count += flat.size
         finite = np.isfinite(magnitude)
         if not finite.all():
             bad = np.flatnonzero(~finite)

@@ -499,8 +499,7 @@ class CodeSource:
             if first_band <= last_band:  # the bands are consecutive: their scales are one run (one add, not one a row)
                 found = findings.scales.setdefault(scales.name, ScaleFindings(scales.name, scales.shape))
                 bands = slice(first_band - data.first_band, last_band + 1 - data.first_band)
-                raw = data.raw_scales.reshape(-1, blocks.nbc)[bands]
-                found.add(scale_values(raw, encoding.scheme.e8m0), first_band * blocks.nbc)
+                found.add(data.old_scales[bands], first_band * blocks.nbc)  # the stored scales' values
         if lo == 0 and encoding.global_scale is not None and self.global_raw is not None:
             part = encoding.global_scale
             found = findings.scales.setdefault(part.name, ScaleFindings(part.name, part.shape))
