@@ -673,12 +673,7 @@ def clip_unit(x: np.ndarray, lo: float, hi: float, scratch: Scratch | None = Non
 
 def quant_sums(raw: np.ndarray, block_pairs: int, byte_squares: np.ndarray, key_kind: int, key_values: np.ndarray,
                scales: np.ndarray, bounds: np.ndarray, fast: int) -> tuple[np.ndarray, float, float] | None:
-    """Quantized codes' closed form in C (``_fused.quant_sums``; the caller,
-    :func:`tclip.quant.codes.closed_form`, keeps its NumPy way and checks the two agree
-    before first use): the sums of squares per group of rows and the extremes, or None where
-    the extension is not built. ``fast``: the codes are E4M3FN, whose sums C may take in any
-    order where they are exact (it checks): 0 never, 1 with AVX2, 2 with AVX-512 (where the CPU
-    has them)."""
+    """:func:`tclip.quant.codes.closed_form` in C (see ``_fused.quant_sums``), or None without the extension."""
     if _fused is None:
         return None
     sums = np.empty(bounds.size - 1, np.float64)
@@ -688,10 +683,18 @@ def quant_sums(raw: np.ndarray, block_pairs: int, byte_squares: np.ndarray, key_
 
 
 def code_moments(codes: np.ndarray, bias: int) -> np.ndarray | None:
-    """Per row of ``codes`` (2-D, C order, uint8 or int8), of ``c = code - bias``: the sums, sums of
-    squares, smallest and largest (int64 rows of the result), in C; None without the extension."""
+    """Per row of ``codes`` (2-D, uint8 or int8), of ``code - bias``: sums, sums of squares, smallest, largest."""
     if _fused is None:
         return None
     out = np.empty((4, codes.shape[0]), np.int64)
     _fused.code_moments(codes, codes.shape[1], int(codes.dtype == np.int8), bias, out)
+    return out
+
+
+def byte_lookup(raw: np.ndarray, table: np.ndarray) -> np.ndarray | None:
+    """``table[raw]`` (uint8 into a float64 table of 256) in C, or None without the extension."""
+    if _fused is None:
+        return None
+    out = np.empty(raw.shape, np.float64)
+    _fused.byte_lookup(np.ascontiguousarray(raw), table, out)
     return out

@@ -43,7 +43,7 @@ from typing import cast
 import ml_dtypes
 import numpy as np
 
-from ..core.kernels import quant_sums
+from ..core.kernels import byte_lookup, quant_sums
 
 # --------------------------------------------------------------------------- element formats
 
@@ -147,7 +147,9 @@ def scale_values(raw: np.ndarray, e8m0: bool) -> np.ndarray:
         return e8m0_values(raw)
     raw = np.asarray(raw)
     if raw.dtype.itemsize == 1 and raw.dtype.kind == "V":  # ml_dtypes float8 (E4M3, E8M0, ...)
-        return _byte_scale_table(raw.dtype)[raw.view(np.uint8)]  # NVFP4's E4M3 scales: ml_dtypes' cast is slow
+        table = _byte_scale_table(raw.dtype)  # NVFP4's E4M3 scales: ml_dtypes' cast is slow, NumPy's indexing too
+        looked_up = byte_lookup(raw.view(np.uint8), table)
+        return table[raw.view(np.uint8)] if looked_up is None else looked_up
     with np.errstate(invalid="ignore", over="ignore"):
         return raw.astype(np.float64)
 
