@@ -669,3 +669,32 @@ def clip_unit(x: np.ndarray, lo: float, hi: float, scratch: Scratch | None = Non
         if wide is not x:
             np.copyto(x, wide, casting="unsafe")  # exact: every value is one of x's dtype
     return changed, wide
+
+
+def quant_sums(raw: np.ndarray, block_pairs: int, byte_squares: np.ndarray, key_kind: int, key_values: np.ndarray,
+               scales: np.ndarray, bounds: np.ndarray, fast: int) -> tuple[np.ndarray, float, float] | None:
+    """:func:`tclip.quant.codes.closed_form` in C (see ``_fused.quant_sums``), or None without the extension."""
+    if _fused is None:
+        return None
+    sums = np.empty(bounds.size - 1, np.float64)
+    largest, smallest = _fused.quant_sums(raw, raw.shape[1], block_pairs, byte_squares, key_kind, key_values,
+                                          scales, scales.shape[1], bounds, sums, fast)
+    return sums, largest, smallest
+
+
+def code_moments(codes: np.ndarray, bias: int) -> np.ndarray | None:
+    """Per row of ``codes`` (2-D, uint8 or int8), of ``code - bias``: sums, sums of squares, smallest, largest."""
+    if _fused is None:
+        return None
+    out = np.empty((4, codes.shape[0]), np.int64)
+    _fused.code_moments(codes, codes.shape[1], int(codes.dtype == np.int8), bias, out)
+    return out
+
+
+def byte_lookup(raw: np.ndarray, table: np.ndarray) -> np.ndarray | None:
+    """``table[raw]`` (uint8 into a float64 table of 256) in C, or None without the extension."""
+    if _fused is None:
+        return None
+    out = np.empty(raw.shape, np.float64)
+    _fused.byte_lookup(np.ascontiguousarray(raw), table, out)
+    return out

@@ -43,6 +43,8 @@ from typing import cast
 import ml_dtypes
 import numpy as np
 
+from ..core.kernels import byte_lookup, quant_sums
+
 # --------------------------------------------------------------------------- element formats
 
 E2M1_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
@@ -143,8 +145,20 @@ def scale_values(raw: np.ndarray, e8m0: bool) -> np.ndarray:
     """A scale tensor's stored elements as float64 values (exact for every float dtype)."""
     if e8m0:
         return e8m0_values(raw)
+    raw = np.asarray(raw)
+    if raw.dtype.itemsize == 1 and raw.dtype.kind == "V":  # ml_dtypes float8 (E4M3, E8M0, ...)
+        table = _byte_scale_table(raw.dtype)  # NVFP4's E4M3 scales: ml_dtypes' cast is slow, NumPy's indexing too
+        looked_up = byte_lookup(raw.view(np.uint8), table)
+        return table[raw.view(np.uint8)] if looked_up is None else looked_up
     with np.errstate(invalid="ignore", over="ignore"):
-        return np.asarray(raw).astype(np.float64)
+        return raw.astype(np.float64)
+
+
+@functools.cache
+def _byte_scale_table(dtype: np.dtype) -> np.ndarray:
+    """Every byte of a one-byte float dtype as ml_dtypes casts it to float64 (the same bits)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.arange(256, dtype=np.uint8).view(dtype).astype(np.float64)
 
 
 def is_power_of_two(factor: float) -> bool:
@@ -271,8 +285,13 @@ class ScaleFindings:
         flat = np.asarray(values, np.float64).reshape(-1)
         if not flat.size:
             return
-        self.count += flat.size
         magnitude = np.abs(flat)
+        low, high = float(magnitude.min()), float(magnitude.max())
+        if low > 0 and high < math.inf:  # all finite and non-zero (a NaN fails both): nothing to count
+            self.count += flat.size
+            self.smallest, self.largest = min(self.smallest, low), max(self.largest, high)
+            return
+        self.count += flat.size
         finite = np.isfinite(magnitude)
         if not finite.all():
             bad = np.flatnonzero(~finite)
@@ -421,7 +440,81 @@ def closed_form(unit: UnitCodes, per_row: bool = False, out: np.ndarray | None =
     """The sum of squares of the real values -- per row with ``per_row``, else per run of rows
     sharing their scales -- and the largest and smallest value, without dequantizing (see
     the module's docstring). Non-finite inputs give non-finite results. ``out``: a float64
-    buffer of at least half the unit's elements for the squares."""
+    buffer of at least half the unit's elements for the squares.
+
+    Where the C extension is built this is one pass in C (:func:`_closed_form_fused`, the
+    same bits); :func:`closed_form_numpy` is the NumPy way, which takes what C does not."""
+    fused = _closed_form_fused(unit, per_row)
+    return fused if fused is not None else closed_form_numpy(unit, per_row, out)
+
+
+_KEY_KINDS = {"int8": 1, "e2m1": 2}  # how _fused.quant_sums orders codes: else sign-magnitude bytes
+
+
+@functools.cache
+def _fused_tables(fmt: CodeFormat) -> tuple[np.ndarray, int, np.ndarray]:
+    """What ``_fused.quant_sums`` looks codes up in: each byte's sum of squares (the terms of
+    :func:`square_table`), how its keys are made, and each key's value."""
+    values = byte_values(fmt)
+    with np.errstate(invalid="ignore", over="ignore"):
+        squares = np.sum(values * values, axis=1)
+    return np.ascontiguousarray(squares), _KEY_KINDS.get(fmt.name, 0), np.ascontiguousarray(_key_values(fmt))
+
+
+def _closed_form_fused(unit: UnitCodes, per_row: bool, check: bool = True, fast: int = 2
+                       ) -> tuple[np.ndarray, float, float] | None:
+    """:func:`closed_form` in C, or None where it does not apply: no extension, rows that do
+    not start on a block or hold an odd number of bytes, or a zero extreme (NumPy's max
+    chooses between -0 and +0 by its own order). ``check``: only once the probe agreed;
+    ``fast``: E4M3FN and E2M1 codes summed in any order where that is exact, at most with AVX2
+    (1, E4M3FN only) or AVX-512 (2) (0: NumPy's order)."""
+    fmt, raw = unit.fmt, unit.raw
+    pair = 2 * fmt.per_byte  # elements in two bytes
+    n = raw.shape[0]
+    if not n or unit.width % pair or unit.bw % pair or unit.col0 % unit.bw or raw.dtype != np.uint8 \
+            or not raw.flags.c_contiguous or (check and not _fused_agrees()):
+        return None
+    if per_row or unit.runs is None:
+        scales, bounds = unit.row_scales(), np.arange(n + 1, dtype=np.int64)
+    else:
+        scales, bounds = unit.scales, np.asarray([0] + [b for _, b in unit.runs], np.int64)
+    squares, kind, key_values = _fused_tables(fmt)
+    blocks = -(-unit.width // unit.bw)
+    scales = np.ascontiguousarray(scales[:, :blocks], np.float64)
+    result = quant_sums(raw, unit.bw // pair, squares, kind, key_values, scales, bounds,
+                        fast if fmt.name in ("e4m3fn", "e2m1") else 0)
+    if result is None or result[1] == 0 or result[2] == 0:
+        return None
+    return result
+
+
+@functools.cache
+def _fused_agrees() -> bool:
+    """Whether ``_fused.quant_sums`` gives :func:`closed_form_numpy`'s bits on a probe: E5M2
+    codes (whose sums round) in 128x128 blocks and per row, E2M1 in blocks of 16 and 32 with
+    partial last blocks. NumPy's order of summation is its own: where it ever changes, the
+    C loop is not used."""
+    rng = np.random.default_rng(20261128)
+    for name, rows, cols, bw, runs in (("e5m2", 300, 264, 128, [(0, 128), (128, 256), (256, 300)]),
+                                       ("e5m2", 5, 1000, 1000, None), ("e2m1", 7, 200, 16, None),
+                                       ("e2m1", 6, 72, 32, [(0, 6)])):
+        fmt = CODE_FORMATS[name]
+        raw = rng.integers(0, 256, (rows, cols // fmt.per_byte), dtype=np.uint8)
+        if name == "e5m2":
+            raw[(raw & 0x7C) == 0x7C] = 0x3C  # no Inf/NaN codes
+        groups = rows if runs is None else len(runs)
+        scales = rng.uniform(1e-3, 10.0, (groups, -(-cols // bw)))
+        unit = UnitCodes(fmt, raw, 0, cols, bw, scales, runs)
+        for per_row in (False, True):
+            fused, numpy = _closed_form_fused(unit, per_row, check=False), closed_form_numpy(unit, per_row)
+            if fused is None or fused[0].tobytes() != numpy[0].tobytes() or fused[1:] != numpy[1:]:
+                return False
+    return True
+
+
+def closed_form_numpy(unit: UnitCodes, per_row: bool = False, out: np.ndarray | None = None
+                      ) -> tuple[np.ndarray, float, float]:
+    """:func:`closed_form` with NumPy (every unit where the C extension is not built)."""
     fmt, raw = unit.fmt, unit.raw
     n = raw.shape[0]
     elements_per_index = 2 * fmt.per_byte

@@ -494,11 +494,12 @@ class CodeSource:
             first_band, last_band = int(blocks.band(row0)), int(blocks.band(row1 - 1))
             scales = encoding.scales
             assert scales is not None
-            for band in range(first_band, last_band + 1):
-                if row0 <= int(blocks.band_start(band)) < row1:
-                    found = findings.scales.setdefault(scales.name, ScaleFindings(scales.name, scales.shape))
-                    raw = data.raw_scales.reshape(-1, blocks.nbc)[band - data.first_band]
-                    found.add(scale_values(raw, encoding.scheme.e8m0), band * blocks.nbc)
+            if int(blocks.band_start(first_band)) < row0:
+                first_band += 1
+            if first_band <= last_band:  # the bands are consecutive: their scales are one run (one add, not one a row)
+                found = findings.scales.setdefault(scales.name, ScaleFindings(scales.name, scales.shape))
+                bands = slice(first_band - data.first_band, last_band + 1 - data.first_band)
+                found.add(data.old_scales[bands], first_band * blocks.nbc)  # the stored scales' values
         if lo == 0 and encoding.global_scale is not None and self.global_raw is not None:
             part = encoding.global_scale
             found = findings.scales.setdefault(part.name, ScaleFindings(part.name, part.shape))

@@ -10,6 +10,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from ...core.kernels import code_moments
 from ...formats.gguf.ggml_types import (
     BF16,
     F16,
@@ -72,6 +73,9 @@ def _code_stats(codes: np.ndarray, bias: int, extremes: bool) -> CodeStats:
     hence exact in any order.
     """
     blocks, subs, length = codes.shape
+    fused = _fused_code_stats(codes, bias, extremes)
+    if fused is not None:
+        return fused
     values = np.empty((length, blocks * subs), np.float32)
     np.copyto(values, codes.reshape(-1, length).T)
     lo = hi = None
@@ -84,6 +88,18 @@ def _code_stats(codes: np.ndarray, bias: int, extremes: bool) -> CodeStats:
     np.multiply(values, values, out=values)
     squares = np.add.reduce(values, axis=0)
     return sums.astype(np.int64).reshape(blocks, subs), squares.astype(np.int64).reshape(blocks, subs), lo, hi
+
+
+def _fused_code_stats(codes: np.ndarray, bias: int, extremes: bool) -> CodeStats | None:
+    """:func:`_code_stats` in C (integers: the same numbers), or None without the extension."""
+    if codes.dtype not in (np.uint8, np.int8) or not codes.size:
+        return None
+    blocks, subs, length = codes.shape
+    moments = code_moments(np.ascontiguousarray(codes.reshape(-1, length)), bias)
+    if moments is None:
+        return None
+    sums, squares, lo, hi = moments.reshape(4, blocks, subs)
+    return sums, squares, lo if extremes else None, hi if extremes else None
 
 
 def _stats_from_codes(codes_fn: Callable[[np.ndarray, str], np.ndarray], bias: int):
@@ -158,6 +174,9 @@ def _q4_codes(start: int) -> Callable[[np.ndarray, str], np.ndarray]:
 
 def _q4_stats(start: int, bias: int) -> Callable[[np.ndarray, str, bool], CodeStats]:
     def code_stats(blocks: np.ndarray, order: str, extremes: bool) -> CodeStats:
+        fused = _fused_code_stats(_q4_codes(start)(blocks, order), bias, extremes)
+        if fused is not None:
+            return fused
         sums, squares, lo, hi = _nibble_stats(blocks, start, 1, 16, extremes)
         sum_u, sum_u2 = sums.sum(axis=2), squares.sum(axis=2)  # one sub-block: both halves
         sum_c = sum_u - 32 * bias
@@ -236,6 +255,9 @@ def _q4_k_codes(blocks: np.ndarray, order: str) -> np.ndarray:
 
 
 def _q4_k_stats(blocks: np.ndarray, order: str, extremes: bool) -> CodeStats:
+    fused = _fused_code_stats(_q4_k_codes(blocks, order), 0, extremes)
+    if fused is not None:
+        return fused
     sums, squares, lo, hi = _nibble_stats(blocks, 16, 4, 32, extremes)
     count = blocks.shape[0]
     flat = [None if a is None else a.reshape(count, 8) for a in (sums, squares, lo, hi)]
