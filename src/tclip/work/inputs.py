@@ -18,6 +18,7 @@ from typing import Any
 from ..errors import NoTensorsError, TclipError
 from ..formats import torch as pytorch
 from ..formats.dcp import METADATA_NAME, is_dcp_folder
+from ..formats.dcp.layouts import MEGATRON_CONFIG, inner_checkpoint, is_megatron_folder
 from ..formats.registry import claimed_by_content, content_suffixes, detect_format, kept_endings, open_reader, suffixes
 from ..formats.sharded import INDEX_SUFFIX, load_index
 from ..messages import Option
@@ -177,19 +178,44 @@ def expand_files(items: tuple[str, ...], recursive: bool, notes: list[tuple[str,
 
 def _folder_files(folder: Path, recursive: bool, notes: list[tuple[str, Note]] | None,
                   found: Found | None) -> list[tuple[str, Path]]:
-    if is_dcp_folder(folder):  # a DCP checkpoint: its .metadata stands for the folder
-        return [(str(folder), folder / METADATA_NAME)]
+    checkpoint = dcp_checkpoint(folder, notes)
+    if checkpoint is not None:  # a DCP checkpoint: its .metadata stands for the folder
+        return [(str(folder), checkpoint)]
     indexes = folder_indexes(folder, notes)
     if indexes:
         return [(str(index), index) for index in indexes]
     listed = sorted(folder.rglob("*") if recursive else folder.iterdir(), key=lambda p: _natural(str(p)))
-    # a DCP folder inside (checkpoint/step-100/) counts as one file: its .metadata
-    files = _holding_tensors([p / METADATA_NAME if p.is_dir() else p for p in listed
-                              if p.is_dir() and is_dcp_folder(p) or p.is_file() and is_tensor_file(p)], notes)
+    # a DCP checkpoint inside (checkpoint/step-100/) counts as one file: its .metadata (with -r,
+    # every DCP folder below is found itself: a NeMo or Accelerate folder is not looked into)
+    inner = {p: (p / METADATA_NAME if is_dcp_folder(p) else None) if recursive else dcp_checkpoint(p, notes)
+             for p in listed if p.is_dir()}
+    files = _holding_tensors([inner[p] or p for p in listed
+                              if inner.get(p) is not None or p.is_file() and is_tensor_file(p)], notes)
     weights = folder / SAFETENSORS_SINGLE
     if found is not None and weights in files:
         found.weights[weights] = folder
     return [(str(p), p) for p in files]
+
+
+def dcp_checkpoint(folder: Path, notes: list[tuple[str, Note]] | None = None) -> Path | None:
+    """What stands for a DCP checkpoint folder: its ``.metadata``; a Megatron folder's
+    ``metadata.json`` where it has no ``.metadata`` (a zarr checkpoint: its reader refuses it);
+    the ``.metadata`` of a NeMo 2 checkpoint's ``weights/`` or of Accelerate's
+    ``pytorch_model_fsdp_0/`` (the optimizer's folder beside it left, with a note). None for
+    any other folder."""
+    if is_dcp_folder(folder):
+        return folder / METADATA_NAME
+    if is_megatron_folder(folder):
+        return folder / MEGATRON_CONFIG
+    found = inner_checkpoint(folder)
+    if found is None:
+        return None
+    inner, left = found
+    if left and notes is not None:
+        notes.append((str(folder), Note(NoteKind.FOLDER_WEIGHTS, (
+            f"holds the model's checkpoint {inner.name}/ beside {name_list([p.name + '/' for p in left], 3)}; "
+            f"reading {inner.name}/ (name a folder to read it)"))))
+    return inner / METADATA_NAME
 
 
 def _glob_files(pattern: str, recursive: bool, notes: list[tuple[str, Note]] | None,
@@ -254,8 +280,9 @@ def diff_input(item: str, notes: list[tuple[str, Note]] | None = None) -> str:
     path = Path(item)
     if not os.path.isdir(path):
         return item
-    if is_dcp_folder(path):
-        return str(path / METADATA_NAME)
+    checkpoint = dcp_checkpoint(path, notes)
+    if checkpoint is not None:
+        return str(checkpoint)
     indexes = folder_indexes(path, notes)
     if len(indexes) == 1:
         return str(indexes[0])

@@ -49,6 +49,7 @@ from ..torch.pickled import ADVICE, TORCH_DTYPES, PickleLimits
 from ..base import OtherObject, TensorInfo, TensorReader
 from . import METADATA_NAME
 from ._chunks import _c_strides, _coverage
+from .layouts import MEGATRON_CONFIG, common_state, megatron_config
 from ._metadata import BytesEntry, Chunk, DcpMetadata, StorageItem, TensorEntry, load_dcp_metadata
 
 ZSTD = "stream.zstd/1"
@@ -90,6 +91,8 @@ class DcpReader(TensorReader):
     def __init__(self, path: Path) -> None:
         path = Path(path)
         metadata_path = path / METADATA_NAME if path.is_dir() else path
+        if path.name == MEGATRON_CONFIG:  # a Megatron folder named by its metadata.json
+            metadata_path = path.parent / METADATA_NAME
         super().__init__(metadata_path.parent)
         self.metadata_path = metadata_path
         self.limits = PickleLimits()  # for the chunks' and items' own torch.save pickles
@@ -126,6 +129,7 @@ class DcpReader(TensorReader):
 
     def _open(self) -> None:
         limits = METADATA_LIMITS
+        megatron = megatron_config(self.path)  # (first: a zarr checkpoint has no .metadata to read)
         try:
             # O_NONBLOCK: a FIFO put there must not make the open wait for a writer
             fd = os.open(self.metadata_path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
@@ -180,6 +184,15 @@ class DcpReader(TensorReader):
                    for (file, start), blob in self._blobs.items()]
         self._check_disjoint(ranges)
         self._mark_optimizer_state(meta)
+        self._megatron_parts(megatron)
+
+    def _megatron_parts(self, config: dict[str, Any]) -> None:
+        """A Megatron folder's ``metadata.json`` as metadata, its ``common.pt`` as not tensors."""
+        self.metadata.update(config)
+        if config:
+            others, values = common_state(self.path)
+            self.others += [o for o in others if o.name not in self.tensors]
+            self._values.update(values)
 
     def _items_by_entry(self, meta: DcpMetadata) -> dict[str, list[StorageItem]]:
         """Each entry's storage items, a tensor's in the order of its chunks, all checked present."""
