@@ -566,6 +566,10 @@ class DcpReader(TensorReader):
         """The files holding a tensor's chunks, in chunk order (for people)."""
         return [piece.item.relative_path for piece in self.pieces[name]]
 
+    def storage_files(self) -> dict[str, int]:
+        """Every file ``storage_data`` names, relative to the folder, with its size in bytes."""
+        return dict(self._sizes)
+
     # ------------------------------------------------------------------ reading
 
     def region(self, name: str) -> tuple[int, int] | None:
