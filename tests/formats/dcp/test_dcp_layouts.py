@@ -126,6 +126,34 @@ def test_diff_compares_common_pt_values(root: Path, tmp_path: Path) -> None:
     assert not rows[QKV]["differs"]
 
 
+def test_a_hostile_common_pt_is_listed_never_run(root: Path, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    folder = megatron_copy(root, tmp_path / "ckpt")
+    marker = tmp_path / "PWNED"
+    script = ("import os, sys, torch\n"
+              "class P:\n"
+              "    def __reduce__(self):\n"
+              "        return (os.system, ('touch ' + sys.argv[2],))\n"
+              "torch.save({'iteration': 5, 'args': P()}, sys.argv[1])\n")
+    subprocess.run([sys.executable, "-c", script, str(folder / "common.pt"), str(marker)], check=True, timeout=120)
+    for command in ("info", "report"):
+        result = run(command, "--json", folder)
+        assert result.exit_code == 0, result.output
+        (found,) = lines(result)
+        common = [o for o in found["not_tensors"] if o["name"] == "common.pt"]
+        assert len(common) == 1 and "system" in common[0]["reason"], common
+    assert not marker.exists()
+
+
+def test_a_huge_metadata_json_is_refused(root: Path, tmp_path: Path) -> None:
+    folder = megatron_copy(root, tmp_path / "ckpt")
+    (folder / "metadata.json").write_text('{"sharded_backend": "torch_dist", "pad": "' + "x" * (1 << 21) + '"}')
+    result = run("info", folder)
+    assert result.exit_code == 1 and "metadata.json" in result.stderr and "larger" in result.stderr, result.output
+
+
 @pytest.mark.parametrize("config, said", [
     ('{"sharded_backend": "zarr", "sharded_backend_version": 1}', "sharded_backend 'zarr'"),
     ('{"sharded_backend": 7}', "sharded_backend is a JSON int"),
