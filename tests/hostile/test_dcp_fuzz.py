@@ -17,6 +17,7 @@ import os
 import random
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,7 @@ TARGETS = [("ranks2", ".metadata"), ("ranks2", "__0_0.distcp"), ("ranks2", "__1_
 
 
 @pytest.fixture(scope="module")
-def dcp_fuzz(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+def dcp_fuzz(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, CommandServer]]:
     pytest.importorskip("torch")
     root = tmp_path_factory.mktemp("dcp_fuzz")
     make_all(root, ("ranks2", "megatron"))
@@ -101,7 +102,8 @@ def seed_of(root: Path, kind: str, target: str) -> Seed:
 
 
 @pytest.mark.parametrize("kind, target", TARGETS)
-def test_damaged_dcp_files_end_every_command_cleanly(dcp_fuzz, kind: str, target: str) -> None:  # type: ignore[no-untyped-def]
+def test_damaged_dcp_files_end_every_command_cleanly(dcp_fuzz: tuple[Path, CommandServer], kind: str,
+                                                     target: str) -> None:
     root, server = dcp_fuzz
     seed = seed_of(root, kind, target)
     found = []
@@ -112,7 +114,7 @@ def test_damaged_dcp_files_end_every_command_cleanly(dcp_fuzz, kind: str, target
 
 
 @pytest.mark.parametrize("kind, target", [t for t in TARGETS if t[1] != "common.pt"])
-def test_truncated_dcp_files_are_one_error_line(dcp_fuzz, kind: str, target: str) -> None:  # type: ignore[no-untyped-def]
+def test_truncated_dcp_files_are_one_error_line(dcp_fuzz: tuple[Path, CommandServer], kind: str, target: str) -> None:
     """A file cut anywhere: the folder is refused (or, for a cut in a chunk's data, the
     command that reads it fails) with one line, never read as if whole."""
     root, server = dcp_fuzz
@@ -124,6 +126,7 @@ def test_truncated_dcp_files_are_one_error_line(dcp_fuzz, kind: str, target: str
         (work / "step-100" / target).write_bytes(data[:cut])
         outcome = server.run(["report", "step-100"], work)
         if outcome.status != 1 or dcp_problems(outcome):
-            found.append(f"{kind}/{target} cut at {cut}: report exit {outcome.status}, not 1: {outcome.stderr[-300:]}")
+            found.append(f"{kind}/{target} cut at {cut}: report exit {outcome.status}, not 1: "
+                         f"{outcome.stderr[-300:]}")
         shutil.rmtree(work, ignore_errors=True)
     assert not found, "\n".join(found)

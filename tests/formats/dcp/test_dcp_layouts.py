@@ -253,3 +253,13 @@ def test_with_recursive_every_dcp_folder_below_is_read(root: Path, tmp_path: Pat
     result = run("info", "--json", "-r", tmp_path / "out")
     assert result.exit_code == 0, result.output
     assert sorted(Path(f["file"]).parent.name for f in lines(result)) == ["optimizer_0", "pytorch_model_fsdp_0"]
+
+
+def test_convert_leaves_megatron_files_out_of_the_output(root: Path, tmp_path: Path) -> None:
+    """metadata.json beside the safetensors would make Megatron take the output for a torch_dist
+    checkpoint; common.pt is the checkpoint's own state, not a side file like config.json."""
+    folder = megatron_copy(root, tmp_path / "iter_0001000", plain_common=True)
+    (folder / "config.json").write_text("{}")
+    result = run("convert", folder, tmp_path / "hf")
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == ["config.json", "model.safetensors"]
