@@ -27,7 +27,7 @@ from support.fuzz_helpers import COMMAND_SECONDS, CommandServer, Outcome, Seed, 
 
 pytestmark = pytest.mark.slow  # child processes and many commands
 
-CASES = int(os.environ.get("TCLIP_FUZZ_EXAMPLES", "0")) or 3
+CASES = int(os.environ.get("TCLIP_FUZZ_EXAMPLES", "0")) or 2
 # (seed folder, file damaged in it)
 TARGETS = [("ranks2", ".metadata"), ("ranks2", "__0_0.distcp"), ("ranks2", "__1_0.distcp"),
            ("megatron", ".metadata"), ("megatron", "__0_0.distcp"), ("megatron", "metadata.json"),
