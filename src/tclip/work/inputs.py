@@ -189,7 +189,7 @@ def _folder_files(folder: Path, recursive: bool, notes: list[tuple[str, Note]] |
     # every DCP folder below is found itself: a NeMo or Accelerate folder is not looked into)
     inner = {p: (p / METADATA_NAME if is_dcp_folder(p) else None) if recursive else dcp_checkpoint(p, notes)
              for p in listed if p.is_dir()}
-    files = _holding_tensors([inner[p] or p for p in listed
+    files = _holding_tensors([inner.get(p) or p for p in listed
                               if inner.get(p) is not None or p.is_file() and is_tensor_file(p)], notes)
     weights = folder / SAFETENSORS_SINGLE
     if found is not None and weights in files:

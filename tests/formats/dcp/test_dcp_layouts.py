@@ -263,3 +263,13 @@ def test_convert_leaves_megatron_files_out_of_the_output(root: Path, tmp_path: P
     result = run("convert", folder, tmp_path / "hf")
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == ["config.json", "model.safetensors"]
+
+
+def test_a_folder_of_files_beside_step_folders(root: Path, tmp_path: Path) -> None:
+    """Loose tensor files and DCP step folders in one folder: each is an input."""
+    folder = tmp_path / "run"
+    shutil.copytree(expected(root, "ranks2")[0], folder / "step-100")
+    assert run("convert", folder / "step-100", folder / "consolidated.safetensors").exit_code == 0
+    result = run("info", "--json", folder)
+    assert result.exit_code == 0, result.output
+    assert sorted(Path(f["file"]).name for f in lines(result)) == [".metadata", "consolidated.safetensors"]
