@@ -23,7 +23,7 @@ from typing import Any
 
 from ...core.dtypes import dtype_name
 from ...errors import FormatError, TclipError, UnsupportedError
-from ..base import OtherObject
+from ..base import OtherObject, TensorReader
 
 MEGATRON_CONFIG = "metadata.json"
 COMMON_STATE = "common.pt"
@@ -105,6 +105,16 @@ def _small_file(path: Path, folder: Path) -> bytes | None:
             raise FormatError(f"{path.name}: {st.st_size} bytes, larger than a Megatron metadata.json "
                               f"({_MAX_CONFIG} at most)", folder)
         return handle.read(_MAX_CONFIG + 1)
+
+
+def megatron_parts(reader: TensorReader, config: dict[str, Any], values: dict[str, Any]) -> None:
+    """A Megatron folder's ``metadata.json`` (``config``) as the reader's metadata, its
+    ``common.pt`` as not tensors (their plain values into ``values``, by name)."""
+    reader.metadata.update(config)
+    if config:
+        others, found = common_state(reader.path)
+        reader.others += [o for o in others if o.name not in reader.tensors]
+        values.update(found)
 
 
 def common_state(folder: Path) -> tuple[list[OtherObject], dict[str, Any]]:

@@ -49,7 +49,7 @@ from ..torch.pickled import ADVICE, TORCH_DTYPES, PickleLimits
 from ..base import OtherObject, TensorInfo, TensorReader
 from . import METADATA_NAME
 from ._chunks import _c_strides, _coverage
-from .layouts import MEGATRON_CONFIG, common_state, megatron_config
+from .layouts import MEGATRON_CONFIG, megatron_config, megatron_parts
 from ._metadata import BytesEntry, Chunk, DcpMetadata, StorageItem, TensorEntry, load_dcp_metadata
 
 ZSTD = "stream.zstd/1"
@@ -184,15 +184,7 @@ class DcpReader(TensorReader):
                    for (file, start), blob in self._blobs.items()]
         self._check_disjoint(ranges)
         self._mark_optimizer_state(meta)
-        self._megatron_parts(megatron)
-
-    def _megatron_parts(self, config: dict[str, Any]) -> None:
-        """A Megatron folder's ``metadata.json`` as metadata, its ``common.pt`` as not tensors."""
-        self.metadata.update(config)
-        if config:
-            others, values = common_state(self.path)
-            self.others += [o for o in others if o.name not in self.tensors]
-            self._values.update(values)
+        megatron_parts(self, megatron, self._values)
 
     def _items_by_entry(self, meta: DcpMetadata) -> dict[str, list[StorageItem]]:
         """Each entry's storage items, a tensor's in the order of its chunks, all checked present."""
