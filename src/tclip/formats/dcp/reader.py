@@ -49,8 +49,8 @@ from ..torch.pickled import ADVICE, TORCH_DTYPES, PickleLimits
 from ..base import OtherObject, TensorInfo, TensorReader
 from . import METADATA_NAME
 from ._chunks import _c_strides, _coverage
-from .layouts import MEGATRON_CONFIG, megatron_config, megatron_parts
 from ._metadata import BytesEntry, Chunk, DcpMetadata, StorageItem, TensorEntry, load_dcp_metadata
+from .layouts import MEGATRON_CONFIG, megatron_config, megatron_parts
 
 ZSTD = "stream.zstd/1"
 _ZIP_MAGIC = b"PK\x03\x04"
