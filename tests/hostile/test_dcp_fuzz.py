@@ -3,7 +3,8 @@
 ``Replicate()``) and of a Megatron ``torch_dist`` folder, one file damaged at a time (its
 ``.metadata`` pickle, a ``__R_K.distcp`` of chunk zips, Megatron's ``metadata.json`` and
 ``common.pt``), through ``info``, ``report``, ``norm --out-dir`` and ``diff``, each in a child
-forked from one server (:mod:`support.fuzz_helpers`).
+forked from one server (:mod:`support.fuzz_helpers`); and the hostile and broken folders of the
+DCP tests (``broken`` in :mod:`support.dcp_helpers`) through the same commands.
 
 Each command ends with 0, 1 or 3 within its time, prints no traceback; a failure (exit 1) is
 exactly one ``Error:`` line; the folder is left as it was and nothing is written (a failed
@@ -38,7 +39,7 @@ TARGETS = [("ranks2", ".metadata"), ("ranks2", "__0_0.distcp"), ("ranks2", "__1_
 def dcp_fuzz(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, CommandServer]]:
     pytest.importorskip("torch")
     root = tmp_path_factory.mktemp("dcp_fuzz")
-    make_all(root, ("ranks2", "megatron"))
+    make_all(root, ("ranks2", "broken", "megatron"))
     server = CommandServer()
     try:
         yield root, server
@@ -69,16 +70,26 @@ def dcp_problems(outcome: Outcome) -> list[str]:
 
 def run_damaged(root: Path, server: CommandServer, kind: str, target: str, payload: bytes, account: str) -> list[str]:
     """Every command on a copy of ``root/<kind>/ckpt`` whose ``target`` is ``payload``."""
-    work = Path(tempfile.mkdtemp(prefix=f"{kind}-", dir=root))
+    return run_folder(root, server, root / kind / "ckpt", {target: payload}, f"{kind}/{target} {account}")
+
+
+def run_folder(root: Path, server: CommandServer, source: Path, files: dict[str, bytes], account: str,
+               statuses: dict[str, int] | None = None) -> list[str]:
+    """Every command on a copy of ``source`` with ``files`` written into it (``statuses``: each
+    command's exit status, by command name)."""
+    work = Path(tempfile.mkdtemp(prefix="dcp-", dir=root))
     folder = work / "step-100"
-    shutil.copytree(root / kind / "ckpt", folder)
-    (folder / target).write_bytes(payload)
+    shutil.copytree(source, folder)
+    for target, payload in files.items():
+        (folder / target).write_bytes(payload)
     before = snapshot(folder)
-    reference = root / kind / "ckpt"
+    reference = root / "ranks2" / "ckpt" if "broken" in source.parts else source
     found: list[str] = []
     for args in (["info", "step-100"], ["report", "--stats", "step-100"],
                  ["norm", "--clip", "1", "--out-dir", "out", "step-100"], ["diff", "step-100", str(reference)]):
         outcome = server.run(args, work)
+        if statuses is not None:
+            statuses[args[0]] = outcome.status
         found += [f"{' '.join(args[:3])}: {p}" for p in dcp_problems(outcome)]
         if snapshot(folder) != before:
             found.append(f"{' '.join(args)}: the folder was changed")
@@ -93,7 +104,7 @@ def run_damaged(root: Path, server: CommandServer, kind: str, target: str, paylo
             found.append(f"    stderr: {outcome.stderr.strip()[-600:]}")
             break
     shutil.rmtree(work, ignore_errors=True)
-    return [f"{kind}/{target} {account}:"] + found if found else []
+    return [f"{account}:"] + found if found else []
 
 
 def seed_of(root: Path, kind: str, target: str) -> Seed:
@@ -130,3 +141,24 @@ def test_truncated_dcp_files_are_one_error_line(dcp_fuzz: tuple[Path, CommandSer
                          f"{outcome.stderr[-300:]}")
         shutil.rmtree(work, ignore_errors=True)
     assert not found, "\n".join(found)
+
+
+BROKEN = ["overlap", "gap", "missing_file", "escape", "absolute", "past_end", "bytes_overlap", "hostile_chunk",
+          "hostile_bytes_item", "hostile_metadata", "truncated"]
+
+
+@pytest.mark.parametrize("case", BROKEN)
+def test_hostile_and_broken_folders_through_every_command(dcp_fuzz: tuple[Path, CommandServer], case: str) -> None:
+    """The damaged and hostile folders of the DCP tests (a .metadata naming os.system, a chunk zip
+    pickling a payload, overlapping chunks, a missing or escaping file, a truncated .distcp), each
+    through every command: nothing run, one Error: line where it fails, nothing written; only the
+    item saved as an object that pickles a payload is no error (listed as not a tensor, never read)."""
+    root, server = dcp_fuzz
+    statuses: dict[str, int] = {}
+    found = run_folder(root, server, root / "broken" / case, {}, case, statuses)
+    assert not found, "\n".join(found)
+    assert not list(root.rglob("PWNED"))
+    if case == "hostile_bytes_item":
+        assert statuses["report"] == 0, statuses
+    else:
+        assert statuses["report"] == 1 and statuses["norm"] == 1, statuses
