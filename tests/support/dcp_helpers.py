@@ -10,7 +10,11 @@ Kinds:
   ranks), ``Shard(1)`` (3x9) and ``Replicate()``;
 - ``safetensors``: one process, ``SerializationFormat.SAFETENSORS`` (torch cannot load it back: the
   expected values are the tensors saved);
-- ``zstd``: one process, every item through the ``ZStandard`` extension.
+- ``zstd``: one process, every item through the ``ZStandard`` extension;
+- ``megatron``: a Megatron-Core ``torch_dist`` folder (Megatron's names, its ``.metadata``
+  pickled as ``MCoreMetadata`` as mcore 0.15 wrote it, ``metadata.json`` and ``common.pt``,
+  which pickles ``args`` as an ``argparse.Namespace`` as Megatron's does), and beside it
+  ``common_plain.pt``: a ``common.pt`` of plain values and an rng state only.
 
 Expected values go to ``<out>/expected.npz`` (each tensor's bytes as uint8, keyed by its flat name)
 and ``<out>/expected.json`` (dtype and shape per name, the non-tensor values where they are plain).
@@ -28,15 +32,16 @@ from pathlib import Path
 HERE = Path(__file__).resolve()
 
 
-KINDS = ("single", "ranks2", "safetensors", "zstd", "broken")
+KINDS = ("single", "ranks2", "safetensors", "zstd", "broken", "megatron")
 
 
-def make_all(root: Path) -> None:
-    """Write every kind under ``root/<kind>`` in one child process (torch is imported once)."""
+def make_all(root: Path, kinds: tuple[str, ...] = KINDS) -> None:
+    """Write every kind (or ``kinds``) under ``root/<kind>`` in one child process (torch is
+    imported once; ``broken`` needs ``ranks2``)."""
     root.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
-    subprocess.run([sys.executable, str(HERE), str(root), *KINDS], check=True, env=env, timeout=600,
+    subprocess.run([sys.executable, str(HERE), str(root), *kinds], check=True, env=env, timeout=600,
                    capture_output=True)
 
 
@@ -304,6 +309,70 @@ def _broken(root: Path) -> None:
         handle.truncate(3000)
 
 
+def _mcore_metadata_class():  # type: ignore[no-untyped-def]
+    """Megatron-Core 0.15's ``MCoreMetadata`` (a ``Metadata`` dataclass with ``mcore_data``),
+    registered under its real module name so that pickle names it as Megatron's files do
+    (Megatron itself is not installable here)."""
+    import dataclasses
+    import types
+
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    module_name = "megatron.core.dist_checkpointing.strategies.torch"
+    parts = module_name.split(".")
+    for i in range(1, len(parts) + 1):
+        sys.modules.setdefault(".".join(parts[:i]), types.ModuleType(".".join(parts[:i])))
+
+    @dataclasses.dataclass
+    class MCoreMetadata(Metadata):
+        mcore_data: dict | None = None
+
+    MCoreMetadata.__module__ = module_name
+    MCoreMetadata.__qualname__ = "MCoreMetadata"
+    sys.modules[module_name].MCoreMetadata = MCoreMetadata  # type: ignore[attr-defined]
+    return MCoreMetadata
+
+
+def _megatron(out: Path) -> None:
+    """A Megatron-Core torch_dist folder: what ``dist_checkpointing.save`` leaves on disk."""
+    import argparse
+    import io
+    import pickle
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    generator = torch.Generator().manual_seed(7)
+    qkv = "decoder.layers.self_attention.linear_qkv.weight"  # Megatron stacks the layers: (layers, out, in)
+    state = {
+        "embedding.word_embeddings.weight": torch.randn(32, 16, generator=generator).to(torch.bfloat16),
+        qkv: torch.randn(2, 48, 16, generator=generator).to(torch.bfloat16),
+        "decoder.final_layernorm.weight": torch.ones(16),
+        "output_layer.weight": torch.randn(32, 16, generator=generator).to(torch.bfloat16),
+        f"optimizer.state.fp32_param.{qkv}": torch.randn(2, 48, 16, generator=generator),
+        f"optimizer.state.exp_avg.{qkv}": torch.randn(2, 48, 16, generator=generator) * 1e-3,
+        f"optimizer.state.exp_avg_sq.{qkv}": torch.rand(2, 48, 16, generator=generator) * 1e-6,
+        # ShardedObjects: BytesIO written raw, named <key>/shard_<offsets>_<global shape>
+        "rng_state/shard_0.0_1.1": io.BytesIO(pickle.dumps({"random_rng_state": (3, (1, 2), None)})),
+    }
+    folder = out / "ckpt"
+    dcp.save(state, checkpoint_id=str(folder), no_dist=True)
+    with open(folder / ".metadata", "rb") as handle:
+        meta = pickle.load(handle)
+    mcore = _mcore_metadata_class()(mcore_data={qkv: {"nd_reformulated_orig_global_shape": (2, 48, 16)}},
+                                    **vars(meta))
+    with open(folder / ".metadata", "wb") as handle:
+        pickle.dump(mcore, handle)
+    (folder / "metadata.json").write_text(json.dumps({"sharded_backend": "torch_dist", "sharded_backend_version": 1,
+                                                      "common_backend": "torch", "common_backend_version": 1}))
+    args = argparse.Namespace(num_layers=2, hidden_size=16, params_dtype=torch.bfloat16, lr=3e-4)
+    common = {"iteration": 1000, "checkpoint_version": 3.0, "num_floating_point_operations_so_far": 1.5e15,
+              "opt_param_scheduler": {"max_lr": 3e-4, "num_steps": 1000}}
+    torch.save({"args": args, **common}, folder / "common.pt")
+    torch.save({**common, "rng_tracker_states": torch.arange(16, dtype=torch.uint8)}, out / "common_plain.pt")
+    _dump(torch, {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}, out)
+
+
 if __name__ == "__main__":
     target = Path(sys.argv[1])
     for which in sys.argv[2:]:
@@ -312,5 +381,7 @@ if __name__ == "__main__":
             _ranks2(target / which)
         elif which == "broken":
             _broken(target)
+        elif which == "megatron":
+            _megatron(target / which)
         else:
             _single(which, target / which)

@@ -33,6 +33,7 @@ from ..formats import TensorInfo, TensorReader, open_reader
 from ..formats.atomic import remove_if_same, write_json
 from ..formats.dcp import METADATA_NAME, is_dcp_folder
 from ..formats.dcp.per_rank import checkpoint_files
+from ..formats.dcp.layouts import COMMON_STATE, MEGATRON_CONFIG
 from ..formats.registry import holds_metadata, output_format, suffixes
 from ..formats.sharded import INDEX_SUFFIX, SetReader, TensorSet, is_index, resolve
 from ..messages import Message, Naming, Option, library_name
@@ -383,8 +384,10 @@ def _side_files(source: Path, chosen: Path, tensor_set: TensorSet | None, target
         found = companions(tensor_set, target)
     elif os.path.isdir(source):
         taken = [chosen]
-        if is_dcp_folder(source):
-            taken = [source / METADATA_NAME, *sorted(source.glob("*.distcp"))]
+        if is_dcp_folder(source):  # (Megatron's metadata.json and common.pt are the checkpoint's, not side files:
+            # a metadata.json beside safetensors would make Megatron take the output for a torch_dist checkpoint)
+            taken = [source / METADATA_NAME, *sorted(source.glob("*.distcp")), source / MEGATRON_CONFIG,
+                     source / COMMON_STATE]
         taken += checkpoint_files(source)  # (a DCP folder saved per rank)
         found = folder_companions(source, target, taken)
     else:

@@ -19,6 +19,7 @@ from ..errors import NoTensorsError, TclipError
 from ..formats import torch as pytorch
 from ..formats.dcp import METADATA_NAME, is_dcp_folder
 from ..formats.dcp.per_rank import fold_pieces, standing_for
+from ..formats.dcp.layouts import MEGATRON_CONFIG, inner_checkpoint, is_megatron_folder
 from ..formats.registry import claimed_by_content, content_suffixes, detect_format, kept_endings, open_reader, suffixes
 from ..formats.sharded import INDEX_SUFFIX, load_index
 from ..messages import Option
@@ -179,20 +180,21 @@ def expand_files(items: tuple[str, ...], recursive: bool, notes: list[tuple[str,
 
 def _folder_files(folder: Path, recursive: bool, notes: list[tuple[str, Note]] | None,
                   found: Found | None) -> list[tuple[str, Path]]:
-    if is_dcp_folder(folder):  # a DCP checkpoint: its .metadata stands for the folder
-        if found is not None:  # (its other files, Megatron's metadata.json, go along into --out-dir)
-            found.weights[folder / METADATA_NAME] = folder
-        return [(str(folder), folder / METADATA_NAME)]
-    standing = standing_for(folder)  # a DCP checkpoint saved per rank
-    if standing is not None:
-        return [(str(folder), standing)]
+    checkpoint = dcp_checkpoint(folder, notes)
+    if checkpoint is not None:  # a DCP checkpoint: its .metadata stands for the folder
+        if found is not None and checkpoint.name == METADATA_NAME:  # (its other files, Megatron's
+            found.weights[checkpoint] = checkpoint.parent          # metadata.json, go along into --out-dir)
+        return [(str(folder), checkpoint)]
     indexes = folder_indexes(folder, notes)
     if indexes:
         return [(str(index), index) for index in indexes]
     listed = sorted(folder.rglob("*") if recursive else folder.iterdir(), key=lambda p: _natural(str(p)))
-    # a DCP folder inside (checkpoint/step-100/) counts as one file: its .metadata
-    picked = [_standing(p) if p.is_dir() else p if p.is_file() and is_tensor_file(p) else None for p in listed]
-    files = _holding_tensors(fold_pieces([p for p in picked if p is not None]), notes)
+    # a DCP checkpoint inside (checkpoint/step-100/) counts as one file: its .metadata (with -r,
+    # every DCP folder below is found itself: a NeMo or Accelerate folder is not looked into)
+    inner = {p: _standing(p) if recursive else dcp_checkpoint(p, notes) for p in listed if p.is_dir()}
+    files = _holding_tensors(fold_pieces([inner.get(p) or p for p in listed
+                                          if inner.get(p) is not None or p.is_file() and is_tensor_file(p)]),
+                             notes)
     weights = folder / SAFETENSORS_SINGLE
     if found is not None and weights in files:
         found.weights[weights] = folder
@@ -202,6 +204,30 @@ def _folder_files(folder: Path, recursive: bool, notes: list[tuple[str, Note]] |
 def _standing(path: Path) -> Path | None:
     """What stands for a DCP folder (its ``.metadata``; see :func:`standing_for`), else None."""
     return path / METADATA_NAME if is_dcp_folder(path) else standing_for(path)
+
+
+def dcp_checkpoint(folder: Path, notes: list[tuple[str, Note]] | None = None) -> Path | None:
+    """What stands for a DCP checkpoint folder: its ``.metadata``; a Megatron folder's
+    ``metadata.json`` where it has no ``.metadata`` (a zarr checkpoint: its reader refuses it);
+    the ``.metadata`` of a NeMo 2 checkpoint's ``weights/`` or of Accelerate's
+    ``pytorch_model_fsdp_0/`` (the optimizer's folder beside it left, with a note). None for
+    any other folder."""
+    if is_dcp_folder(folder):
+        return folder / METADATA_NAME
+    standing = standing_for(folder)  # a DCP checkpoint saved per rank
+    if standing is not None:
+        return standing
+    if is_megatron_folder(folder):
+        return folder / MEGATRON_CONFIG
+    found = inner_checkpoint(folder)
+    if found is None:
+        return None
+    inner, left = found
+    if left and notes is not None:
+        notes.append((str(folder), Note(NoteKind.FOLDER_WEIGHTS, (
+            f"holds the model's checkpoint {inner.name}/ beside {name_list([p.name + '/' for p in left], 3)}; "
+            f"reading {inner.name}/ (name a folder to read it)"))))
+    return inner / METADATA_NAME
 
 
 def _glob_files(pattern: str, recursive: bool, notes: list[tuple[str, Note]] | None,
@@ -271,11 +297,9 @@ def diff_input(item: str, notes: list[tuple[str, Note]] | None = None) -> str:
     path = Path(item)
     if not os.path.isdir(path):
         return item
-    if is_dcp_folder(path):
-        return str(path / METADATA_NAME)
-    standing = standing_for(path)
-    if standing is not None:
-        return str(standing)
+    checkpoint = dcp_checkpoint(path, notes)
+    if checkpoint is not None:
+        return str(checkpoint)
     indexes = folder_indexes(path, notes)
     if len(indexes) == 1:
         return str(indexes[0])

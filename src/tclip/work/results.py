@@ -376,6 +376,7 @@ class InfoTensor:
     tied_to: str | None = None  # as in TensorReport: an earlier tensor holding exactly its stored elements
     part_of: str | None = None  # a tensor holding all its stored elements and more
     stored: int | None = None  # where it overlaps other views otherwise: the stored elements it holds first
+    chunk_files: list[str] | None = None  # a DCP tensor: the .distcp files holding its chunks, in chunk order
 
     @property
     def dtype_text(self) -> str:
@@ -402,6 +403,7 @@ class InfoReport:
     shared: list[list[str]] = field(default_factory=list)  # tensors stored in one buffer (tied weights)
     files: list[str] | None = None  # a set: its shards, in natural order (as its index names them)
     warnings: list[Note] = field(default_factory=list)  # e.g. the data is missing (a file cut after its header)
+    storage_files: dict[str, int] | None = None  # a DCP folder: every .distcp file (in natural order), its bytes
 
     def dtype_texts(self) -> list[str]:
         """Each tensor's dtype as shown (one name per distinct dtype: a header can list a million tensors)."""
@@ -445,6 +447,8 @@ class InfoReport:
                 item["part_of"] = t.part_of
             if t.stored is not None:
                 item["stored_params"] = t.stored
+            if t.chunk_files is not None:
+                item["chunk_files"] = t.chunk_files
             tensors.append(item)
         data: dict[str, Any] = {
             "schema": SCHEMA_VERSION,
@@ -462,6 +466,8 @@ class InfoReport:
             data["shared_storage"] = [list(names) for names in self.shared]
         if self.files is not None:
             data["files"] = list(self.files)
+        if self.storage_files is not None:
+            data["storage_files"] = [{"file": f, "bytes": n} for f, n in self.storage_files.items()]
         if self.warnings:
             data["warnings"] = [spelled(w, name) for w in self.warnings]
         return data

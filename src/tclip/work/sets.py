@@ -33,6 +33,7 @@ from ..formats.atomic import identity_of, marker_names
 from ..formats.registry import open_reader
 from ..formats.sharded import GGUF_SPLIT_NAME, IN_PROGRESS_KEY, TensorSet, is_index, resolve, set_anchor
 from ..messages import Option
+from ..text import natural_key
 from ..quant.layout import QuantLayout
 from ..quant.view import layout_of_files, open_logical
 from .budget import Budget
@@ -378,4 +379,14 @@ def _header_info(path: Path, layout: QuantLayout | None = None) -> InfoReport:
                           [list(names) for names in reader.shared_storage()])
         if reader.damage is not None:  # the header is all info reads: list it, and say what is missing
             info.warnings.append(Note(NoteKind.DATA_MISSING, f"{reader.damage}: only the header can be listed"))
+        _chunk_files(reader, info)
         return info
+
+
+def _chunk_files(reader: Any, info: InfoReport) -> None:
+    """A DCP folder's info: which ``.distcp`` files hold each tensor, and every file with its size."""
+    if reader.format_name != "dcp":
+        return
+    for t in info.tensors:
+        t.chunk_files = list(dict.fromkeys(reader.chunk_files(t.name)))
+    info.storage_files = dict(sorted(reader.storage_files().items(), key=lambda item: natural_key(item[0])))

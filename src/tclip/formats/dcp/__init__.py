@@ -34,7 +34,12 @@ _CLASSES = (b"\x8c%torch.distributed.checkpoint.metadata", b"\x8c1megatron.core.
 
 
 def sniff(head: bytes, size: int) -> bool:
-    """A pickle (protocol 2 or later) whose first global is DCP's ``Metadata`` (or Megatron's)."""
+    """A pickle (protocol 2 or later) whose first global is DCP's ``Metadata`` (or Megatron's),
+    or a Megatron folder's ``metadata.json`` (its reader reads the folder, or says why not)."""
+    if head[:1] == b"{":
+        from .layouts import sniff_config
+
+        return sniff_config(head)
     if not head.startswith(b"\x80") or len(head) < 3 or head[1] < 2:
         return False
     start = head[:120]

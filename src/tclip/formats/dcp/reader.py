@@ -50,6 +50,7 @@ from ..base import OtherObject, TensorInfo, TensorReader
 from . import METADATA_NAME
 from ._chunks import _c_strides, _coverage
 from ._metadata import BytesEntry, Chunk, DcpMetadata, StorageItem, TensorEntry, load_dcp_metadata
+from .layouts import MEGATRON_CONFIG, megatron_config, megatron_parts
 
 ZSTD = "stream.zstd/1"
 _ZIP_MAGIC = b"PK\x03\x04"
@@ -90,6 +91,8 @@ class DcpReader(TensorReader):
     def __init__(self, path: Path) -> None:
         path = Path(path)
         metadata_path = path / METADATA_NAME if path.is_dir() else path
+        if path.name == MEGATRON_CONFIG:  # a Megatron folder named by its metadata.json
+            metadata_path = path.parent / METADATA_NAME
         super().__init__(metadata_path.parent)
         self.metadata_path = metadata_path
         self.limits = PickleLimits()  # for the chunks' and items' own torch.save pickles
@@ -126,6 +129,7 @@ class DcpReader(TensorReader):
 
     def _open(self) -> None:
         limits = METADATA_LIMITS
+        megatron = megatron_config(self.path)  # (first: a zarr checkpoint has no .metadata to read)
         try:
             # O_NONBLOCK: a FIFO put there must not make the open wait for a writer
             fd = os.open(self.metadata_path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
@@ -180,6 +184,7 @@ class DcpReader(TensorReader):
                    for (file, start), blob in self._blobs.items()]
         self._check_disjoint(ranges)
         self._mark_optimizer_state(meta)
+        megatron_parts(self, megatron, self._values)
 
     def _load_metadata(self, data: bytes, limits: PickleLimits) -> DcpMetadata:
         """The checkpoint's metadata from the bytes of :attr:`metadata_path` (a folder of per-rank
@@ -557,6 +562,10 @@ class DcpReader(TensorReader):
     def chunk_files(self, name: str) -> list[str]:
         """The files holding a tensor's chunks, in chunk order (for people)."""
         return [piece.item.relative_path for piece in self.pieces[name]]
+
+    def storage_files(self) -> dict[str, int]:
+        """Every file ``storage_data`` names, relative to the folder, with its size in bytes."""
+        return dict(self._sizes)
 
     # ------------------------------------------------------------------ reading
 
