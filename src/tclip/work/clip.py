@@ -20,6 +20,7 @@ from ..core.modes import GlobalNormClip, Mode, NormClip, ValueClip, value_bounds
 from ..errors import OutputExistsError, TclipError
 from ..formats.atomic import remove_if_same
 from ..formats.dcp import METADATA_NAME, is_dcp_folder
+from ..formats.dcp.per_rank import standing_for
 from ..formats.locks import Locks, RunLock
 from ..formats.registry import output_format
 from ..formats.sharded import IN_PROGRESS_KEY, INDEX_SUFFIX, TensorSet, load_index, resolve, write_index
@@ -107,6 +108,10 @@ def _targets(tensor_set: TensorSet, options: ClipOptions) -> tuple[dict[Path, Pa
         # Its .metadata and .distcp files are replaced one by one: an interrupted run would leave a mix.
         raise TclipError(("a DCP checkpoint is clipped into ", Option.OUT_DIR, " DIR, not ", Option.IN_PLACE,
                           " (an interrupted run would leave it half clipped)"), dcp)
+    per_rank = next((f for f in tensor_set.files if f == standing_for(f if f.is_dir() else f.parent)), None)
+    if per_rank is not None:  # (no .metadata to keep: the writer rewrites a folder described by one)
+        raise TclipError("a DCP checkpoint saved per rank (__R.metadata files or shard-* pieces, no .metadata) is "
+                         "read only; tclip convert writes it as safetensors", per_rank)
     if dcp is not None and options.out_dir is None and options.output is None:
         raise TclipError(("a DCP checkpoint is a folder: clip it into ", Option.OUT_DIR, " DIR (its files keep "
                           "their names)"), dcp)

@@ -209,6 +209,10 @@ class HfShardsReader(TensorReader):
         """The files holding a tensor's pieces, in the order read (for people)."""
         return [piece.file.path.name for piece in self.pieces[name]]
 
+    def storage_files(self) -> dict[str, int]:
+        """Every piece file of the folder with its size in bytes (for ``info``, as a DCP folder's files)."""
+        return {path.name: os.stat(path).st_size for path in piece_files(self.path)}
+
     # ------------------------------------------------------------------ reading
 
     def region(self, name: str) -> tuple[int, int] | None:
