@@ -56,9 +56,9 @@ def test_convert_copies_row_shards_in_the_kernel(ranks2: Path, tmp_path: Path,
     original = base.copy_range
 
     def counted(source_fd: int, source_offset: int, count: int, target_fd: int, target_offset: int,
-                path: object) -> None:
+                path: object, writeback: bool = False) -> None:
         copied.append((target_offset, count))
-        original(source_fd, source_offset, count, target_fd, target_offset, path)
+        original(source_fd, source_offset, count, target_fd, target_offset, path, writeback)
 
     monkeypatch.setattr(base, "copy_range", counted)
     folder, arrays, meta = expected(ranks2, "ranks2")

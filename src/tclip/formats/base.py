@@ -555,7 +555,7 @@ class PositionalWriter(TensorWriter):
 
     def copy_region(self, name: str, source_fd: int, source_offset: int, path: object) -> None:
         info = self.tensors[name]
-        copy_range(source_fd, source_offset, info.nbytes, self._fd, self.offsets[name], path)
+        copy_range(source_fd, source_offset, info.nbytes, self._fd, self.offsets[name], path, writeback=True)
         with self._lock:
             self._written[name] = self._written.get(name, 0) + self._items(name)
 
@@ -572,7 +572,8 @@ class PositionalWriter(TensorWriter):
         if runs is not None and _tile(runs, info.nbytes):
             # each run (a row shard of a DCP tensor) copied in the kernel, as one region would be
             for first, count, source_fd, source_offset in runs:
-                copy_range(source_fd, source_offset, count, self._fd, self.offsets[name] + first, reader.path)
+                copy_range(source_fd, source_offset, count, self._fd, self.offsets[name] + first, reader.path,
+                           writeback=True)
             with self._lock:
                 self._written[name] = self._written.get(name, 0) + self._items(name)
             return
