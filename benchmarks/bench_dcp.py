@@ -452,15 +452,16 @@ def main() -> None:
         targets = report_section(runner, files, size, args)
         more, convert_rss = convert_section(runner, files, size, args, root / "out")
         targets += more
-        targets += memory_section(runner, files, root / "out", convert_rss, judged=size > MEMORY_MIB << 20)
+        large = size > MEMORY_MIB << 20
+        targets += memory_section(runner, files, root / "out", convert_rss, judged=large)
         print(f"\ntargets (ratios of medians within this run; load average now {os.getloadavg()[0]:.2f}; "
               f"{time.perf_counter() - begun:.0f} s in all):")
         print(f"  {'target':66} {'measured':>8}  {'limit':>8}  verdict")
         print("\n".join(t.row() for t in targets))
         judged = [t for t in targets if t.judged]
         print(f"  {sum(t.met for t in judged)} of {len(judged)} met"
-              + ("" if len(judged) == len(targets) else f" (memory not judged: {size >> 20} MiB is not more than "
-                                                         f"the {MEMORY_MIB} MiB of --memory)"))
+              + ("" if large else f" (memory not judged: {size >> 20} MiB is not more than the {MEMORY_MIB} MiB "
+                                  "of --memory)"))
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
