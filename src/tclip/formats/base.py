@@ -277,6 +277,13 @@ class TensorReader(ABC):
         run of the file in storage order, else None. Reading a region is thread-safe."""
         return None
 
+    def runs(self, name: str) -> list[tuple[int, int, int, int]] | None:
+        """The tensor's raw bytes in storage order as several runs of files, where
+        :meth:`region` finds no single one (a DCP tensor sharded by rows: one run per shard):
+        ``(first byte in the tensor, byte count, file descriptor, offset)`` in order, together
+        covering the tensor once; None where they are not (the default). Thread-safe reads."""
+        return None
+
     def parallel_safe(self, name: str) -> bool:
         """Whether :meth:`read_flat` of this tensor may run on several threads at once."""
         return self.region(name) is not None
@@ -386,6 +393,16 @@ class TensorReader(ABC):
             result[position : position + n] = block.reshape(-1)
             position += n
         return result
+
+
+def _tile(runs: list[tuple[int, int, int, int]], nbytes: int) -> bool:
+    """Whether runs ``(first byte, count, ...)`` cover ``[0, nbytes)`` once, in order."""
+    position = 0
+    for first, count, _, _ in runs:
+        if first != position or count <= 0:
+            return False
+        position += count
+    return position == nbytes
 
 
 def read_region(reader: TensorReader, name: str, index: Index | None) -> np.ndarray:
@@ -543,7 +560,7 @@ class PositionalWriter(TensorWriter):
 
     def copy_region(self, name: str, source_fd: int, source_offset: int, path: object) -> None:
         info = self.tensors[name]
-        copy_range(source_fd, source_offset, info.nbytes, self._fd, self.offsets[name], path)
+        copy_range(source_fd, source_offset, info.nbytes, self._fd, self.offsets[name], path, writeback=True)
         with self._lock:
             self._written[name] = self._written.get(name, 0) + self._items(name)
 
@@ -551,9 +568,19 @@ class PositionalWriter(TensorWriter):
         region = reader.region(name)
         source = reader.tensors[name]
         info = self.tensors[name]
-        if region is not None and source.dtype == self._stored_dtype(name) \
-                and source.fortran_order == info.fortran_order and source.shape == info.shape:
+        same = source.dtype == self._stored_dtype(name) and source.fortran_order == info.fortran_order \
+            and source.shape == info.shape
+        if region is not None and same:
             self.copy_region(name, region[0], region[1], reader.path)
+            return
+        runs = reader.runs(name) if same else None
+        if runs is not None and _tile(runs, info.nbytes):
+            # each run (a row shard of a DCP tensor) copied in the kernel, as one region would be
+            for first, count, source_fd, source_offset in runs:
+                copy_range(source_fd, source_offset, count, self._fd, self.offsets[name] + first, reader.path,
+                           writeback=True)
+            with self._lock:
+                self._written[name] = self._written.get(name, 0) + self._items(name)
             return
         size = self._items(name)
         step = max(1, max_bytes // max(1, self._stored_dtype(name).itemsize))

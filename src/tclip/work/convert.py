@@ -124,6 +124,9 @@ class _Subset(TensorReader):
     def region(self, name: str) -> tuple[int, int] | None:
         return self.source.region(name)
 
+    def runs(self, name: str) -> list[tuple[int, int, int, int]] | None:
+        return self.source.runs(name)
+
     def parallel_safe(self, name: str) -> bool:
         return self.source.parallel_safe(name)
 

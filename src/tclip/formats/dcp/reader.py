@@ -579,6 +579,19 @@ class DcpReader(TensorReader):
         self._ensure(name)
         return (piece.fd, piece.start) if piece.dense else None
 
+    def runs(self, name: str) -> list[tuple[int, int, int, int]] | None:
+        """Chunks that span whole rows (``Shard(0)``, as FSDP shards), each one run of the
+        tensor's bytes: a writer copies them in the kernel. None for any other split."""
+        info = self.tensors[name]
+        pieces = self.pieces.get(name)
+        if not pieces or info.refused or not info.shape or any(p.compressed for p in pieces):
+            return None
+        self._ensure(name)
+        row = math.prod(info.shape[1:]) * info.dtype.itemsize
+        found = [(p.chunk.offsets[0] * row, p.chunk.sizes[0] * row, p.fd, p.start) for p in pieces
+                 if p.dense and p.chunk.sizes[1:] == info.shape[1:]]
+        return sorted(f for f in found if f[1]) if len(found) == len(pieces) else None
+
     def parallel_safe(self, name: str) -> bool:
         return True  # preads and private maps; a zstd chunk is decompressed under a lock
 
