@@ -75,13 +75,19 @@ def _npz_raw_bfloat16(folder: Path, odd: int = 1) -> Path:
     return path
 
 
+_SAVED: dict[tuple[str, int], bytes] = {}  # torch starts in 2 s: each file is written once
+
+
 def _torch_save(folder: Path, dtype: str, odd: int = 1) -> Path:
     pytest.importorskip("torch")
     path = folder / "model.pt"
-    code = ("import sys, torch\n"
-            f"odd = (torch.arange(1, 9, dtype=torch.uint8) * {odd}).view(torch.{dtype})\n"
-            f"torch.save({{{WEIGHT!r}: torch.full((4, 4), 0.5), {ODD!r}: odd}}, sys.argv[1])\n")
-    subprocess.run([sys.executable, "-c", code, str(path)], check=True)
+    if (dtype, odd) not in _SAVED:
+        code = ("import sys, torch\n"
+                f"odd = (torch.arange(1, 9, dtype=torch.uint8) * {odd}).view(torch.{dtype})\n"
+                f"torch.save({{{WEIGHT!r}: torch.full((4, 4), 0.5), {ODD!r}: odd}}, sys.argv[1])\n")
+        subprocess.run([sys.executable, "-c", code, str(path)], check=True)
+        _SAVED[dtype, odd] = path.read_bytes()
+    path.write_bytes(_SAVED[dtype, odd])
     return path
 
 
