@@ -9,9 +9,27 @@ from collections.abc import Sequence
 from typing import Any
 
 
+# Text from files (a name, a metadata value) longer than this is shown shortened to this many
+# characters, its length in the middle: a name of 50 million characters is data, and laying it
+# out in a table took rich 25 s. JSON keeps every text whole.
+LONG_TEXT = 1000
+
+
+def bounded(text: str, limit: int = LONG_TEXT) -> str:
+    """``text``, or where it is longer than ``limit`` its start and end around ``…(N chars)…``,
+    ``limit`` characters in all (so bounding twice changes nothing)."""
+    if len(text) <= limit:
+        return text
+    marker = f"…({len(text):,} chars)…"
+    keep = max(0, limit - len(marker))
+    head = keep * 3 // 4
+    return text[:head] + marker + text[len(text) - (keep - head):]
+
+
 def safe(text: object) -> str:
-    """``text`` with every non-printable character escaped (``\\x1b``, ``\\n``, lone surrogates...)."""
-    value = str(text)
+    """``text`` with every non-printable character escaped (``\\x1b``, ``\\n``, lone surrogates...),
+    shortened past :data:`LONG_TEXT` characters (:func:`bounded`)."""
+    value = bounded(str(text))
     if value.isprintable():
         return value
     out = []
