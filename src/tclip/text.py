@@ -76,6 +76,12 @@ def natural_key(name: str) -> list[Any]:
     return key
 
 
+def shown_key(name: str) -> list[Any]:
+    """:func:`natural_key` of ``name`` as people see it (:func:`bounded`): the order of a table's
+    rows, which never scans the millions of characters a shortened name hides."""
+    return natural_key(bounded(name))
+
+
 def name_list(names: Sequence[str], limit: int = 3, *, total: int | None = None) -> str:
     """``a, b, c and 47 more``: at most ``limit`` names (in the order given), so a line
     naming tensors stays one line whatever their number; ``total`` when ``names`` holds
