@@ -26,10 +26,11 @@ def bounded(text: str, limit: int = LONG_TEXT) -> str:
     return text[:head] + marker + text[len(text) - (keep - head):]
 
 
-def safe(text: object) -> str:
+def safe(text: object, limit: int | None = LONG_TEXT) -> str:
     """``text`` with every non-printable character escaped (``\\x1b``, ``\\n``, lone surrogates...),
-    shortened past :data:`LONG_TEXT` characters (:func:`bounded`)."""
-    value = bounded(str(text))
+    shortened past ``limit`` characters (:func:`bounded`; None: whole, for data that is shortened
+    where it matters, such as two values around their first difference)."""
+    value = str(text) if limit is None else bounded(str(text), limit)
     if value.isprintable():
         return value
     out = []
@@ -42,14 +43,15 @@ def safe(text: object) -> str:
     return "".join(out)
 
 
-def show_value(value: Any) -> str:
-    """A metadata or attribute value as text: strings literally, the rest as JSON."""
+def show_value(value: Any, limit: int | None = LONG_TEXT) -> str:
+    """A metadata or attribute value as text: strings literally, the rest as JSON (``limit``:
+    as :func:`safe`'s)."""
     if isinstance(value, str):
-        return safe(value)
+        return safe(value, limit)
     try:
-        return safe(json.dumps(value, ensure_ascii=False, default=str))
+        return safe(json.dumps(value, ensure_ascii=False, default=str), limit)
     except (TypeError, ValueError):
-        return safe(repr(value))
+        return safe(repr(value), limit)
 
 
 # ASCII digits only: ``\d`` and ``str.isdigit`` also accept ``²`` and other Unicode digits,
