@@ -12,7 +12,6 @@ A type known to hold no floats (``torch.complex32``) is carried by a clip, as co
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from collections.abc import Callable
