@@ -9,9 +9,28 @@ from collections.abc import Sequence
 from typing import Any
 
 
-def safe(text: object) -> str:
-    """``text`` with every non-printable character escaped (``\\x1b``, ``\\n``, lone surrogates...)."""
-    value = str(text)
+# Text from files (a name, a metadata value) longer than this is shown shortened to this many
+# characters, its length in the middle: a name of 50 million characters is data, and laying it
+# out in a table took rich 25 s. JSON keeps every text whole.
+LONG_TEXT = 1000
+
+
+def bounded(text: str, limit: int = LONG_TEXT) -> str:
+    """``text``, or where it is longer than ``limit`` its start and end around ``…(N chars)…``,
+    ``limit`` characters in all (so bounding twice changes nothing)."""
+    if len(text) <= limit:
+        return text
+    marker = f"…({len(text):,} chars)…"
+    keep = max(0, limit - len(marker))
+    head = keep * 3 // 4
+    return text[:head] + marker + text[len(text) - (keep - head):]
+
+
+def safe(text: object, limit: int | None = LONG_TEXT) -> str:
+    """``text`` with every non-printable character escaped (``\\x1b``, ``\\n``, lone surrogates...),
+    shortened past ``limit`` characters (:func:`bounded`; None: whole, for data that is shortened
+    where it matters, such as two values around their first difference)."""
+    value = str(text) if limit is None else bounded(str(text), limit)
     if value.isprintable():
         return value
     out = []
@@ -24,14 +43,15 @@ def safe(text: object) -> str:
     return "".join(out)
 
 
-def show_value(value: Any) -> str:
-    """A metadata or attribute value as text: strings literally, the rest as JSON."""
+def show_value(value: Any, limit: int | None = LONG_TEXT) -> str:
+    """A metadata or attribute value as text: strings literally, the rest as JSON (``limit``:
+    as :func:`safe`'s)."""
     if isinstance(value, str):
-        return safe(value)
+        return safe(value, limit)
     try:
-        return safe(json.dumps(value, ensure_ascii=False, default=str))
+        return safe(json.dumps(value, ensure_ascii=False, default=str), limit)
     except (TypeError, ValueError):
-        return safe(repr(value))
+        return safe(repr(value), limit)
 
 
 # ASCII digits only: ``\d`` and ``str.isdigit`` also accept ``²`` and other Unicode digits,
@@ -56,6 +76,12 @@ def natural_key(name: str) -> list[Any]:
         else:
             key.append(part)
     return key
+
+
+def shown_key(name: str) -> list[Any]:
+    """:func:`natural_key` of ``name`` as people see it (:func:`bounded`): the order of a table's
+    rows, which never scans the millions of characters a shortened name hides."""
+    return natural_key(bounded(name))
 
 
 def name_list(names: Sequence[str], limit: int = 3, *, total: int | None = None) -> str:

@@ -123,6 +123,9 @@ class TensorInfo:
         unreadable_type: the data is of a type tclip cannot read although it may
             hold numbers (a newer safetensors dtype such as F4): carried as bytes, never
             measured, so a check never passes over it.
+        not_floating: of an unreadable type known to hold no floating-point values
+            (torch.complex32): a clip, which changes floating tensors only, carries it; one of
+            any other unreadable type may hold floats, and a clip selecting it is refused.
         optimizer_state: the tensor is a training optimizer's state saved beside the
             weights (a Keras file's Adam moments, iteration count, learning rate):
             left as it is unless an include pattern names it.
@@ -142,6 +145,7 @@ class TensorInfo:
     dtype_label: str | None = field(default=None, compare=False)
     encoding: Encoding | None = field(default=None, compare=False)
     unreadable_type: bool = field(default=False, compare=False)
+    not_floating: bool = field(default=False, compare=False)
     optimizer_state: bool = field(default=False, compare=False)
     role: str | None = field(default=None, compare=False)
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Iterable
 from pathlib import Path
 
 from ..errors import TclipError
@@ -192,3 +193,17 @@ def _unlink_quietly(path: Path) -> None:
         os.unlink(path)
     except OSError:
         pass
+
+
+def shared_locks(paths: Iterable[Path]) -> Locks:
+    """Shared locks on what a read-only run reads as a whole (a set's index: a run rewriting the
+    set in place holds it exclusively while it replaces the shards one by one), done without
+    where no lock file can be made (a read-only folder, where nothing is rewritten either)."""
+    locks = Locks()
+    try:
+        for path in sorted(paths, key=os.path.realpath):
+            locks.take(RunLock(path, shared=True, required=False))
+    except BaseException:
+        locks.release()
+        raise
+    return locks

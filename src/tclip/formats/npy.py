@@ -138,6 +138,16 @@ def is_numeric(dtype: np.dtype) -> bool:
     return dtype.kind in "biufc" or dtype.type in ML_FLOAT_TYPES
 
 
+def array_info(name: str, shape: tuple[int, ...], dtype: np.dtype, fortran: bool) -> TensorInfo:
+    """A .npy array's :class:`TensorInfo`. Raw records (``|V2``: no fields) are what ``np.save``
+    writes for a type it cannot name -- bfloat16 or float8 of ml_dtypes: they may hold floats,
+    so they are of a type tclip cannot read (never measured; no check passes over them)."""
+    if dtype.kind == "V" and dtype.fields is None and dtype.subdtype is None:
+        return TensorInfo(name, shape, dtype, fortran, numeric=False, unreadable_type=True,
+                          dtype_label=f"raw {dtype.itemsize}-byte records (not supported)")
+    return TensorInfo(name, shape, dtype, fortran, numeric=is_numeric(dtype))
+
+
 class NpyReader(TensorReader):
     format_name = "npy"
 
@@ -154,7 +164,7 @@ class NpyReader(TensorReader):
                                   f"{available} are there", path)
             self._file.seek(0)
             self.header = self._file.read(self.data_offset)
-            self.tensors[name] = TensorInfo(name, shape, dtype, fortran, numeric=is_numeric(dtype))
+            self.tensors[name] = array_info(name, shape, dtype, fortran)
         except BaseException:
             self._file.close()
             raise

@@ -38,7 +38,7 @@ from .base import (
     checked_size,
     read_region,
 )
-from .npy import header_bytes, is_numeric, parse_header
+from .npy import array_info, header_bytes, parse_header
 
 if TYPE_CHECKING:
     import zipfile
@@ -143,7 +143,7 @@ class NpzReader(TensorReader):
             raise FormatError(
                 f"member {member.filename!r} is truncated or padded: its header promises "
                 f"{nbytes} bytes of data, it holds {member.file_size - header_length}", path)
-        self.tensors[name] = TensorInfo(name, shape, dtype, fortran, numeric=is_numeric(dtype))
+        self.tensors[name] = array_info(name, shape, dtype, fortran)
         self.members[name] = member
         self.headers[name] = header
         self._data_start[name] = header_length

@@ -317,7 +317,9 @@ def _open_one(tensor_set: TensorSet, mode: Any, options: ClipOptions) -> tuple[T
     axes = mode.axes if isinstance(mode, NormClip) else None
     with open_logical(path) as reader:
         entries, _ = select(reader, options.selection, axes)
-        notes = check_selection(entries, list(reader.tensors), mode, options, path)
+        unreadable = [o for o in reader.others if o.unreadable_type]
+        notes = check_selection(entries, [*reader.tensors, *(o.name for o in unreadable)], mode, options, path,
+                                unreadable=[o for o in unreadable if options.selection.matches(o.name)])
         target = output_for(path, options)
         converts = output_format(target, reader) not in (None, reader.format_name)
         names = list(reader.tensors)
@@ -395,8 +397,11 @@ def _measure_notes(run: _Run, report: FileReport, stats: list[FileStats], todo: 
         report.warnings += (run.early or []) + quantized_notes(stats)
     elif stats:
         entries = [t for s in stats for t in _listed(run.tensor_set, s.path, s.tensors, run.layout)]
-        report.warnings += check_selection(entries, logical_names(run.tensor_set.names, run.layout), run.mode,
-                                           options, run.tensor_set.name, "set")
+        unreadable = [o for s in stats for o in s.others if o.name in s.unmeasured_others]
+        names = [*logical_names(run.tensor_set.names, run.layout), *(o.name for s in stats for o in s.others
+                                                                      if o.unreadable_type)]
+        report.warnings += check_selection(entries, names, run.mode, options, run.tensor_set.name, "set",
+                                           unreadable=unreadable)
         report.warnings += quantized_notes(stats)
 
 

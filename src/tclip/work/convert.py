@@ -32,8 +32,9 @@ from ..errors import OutputExistsError, TclipError, UnsupportedError
 from ..formats import TensorInfo, TensorReader, open_reader
 from ..formats.atomic import remove_if_same, write_json
 from ..formats.dcp import METADATA_NAME, is_dcp_folder
-from ..formats.dcp.per_rank import checkpoint_files
 from ..formats.dcp.layouts import COMMON_STATE, MEGATRON_CONFIG
+from ..formats.dcp.per_rank import checkpoint_files
+from ..formats.locks import shared_locks
 from ..formats.registry import holds_metadata, output_format, suffixes
 from ..formats.sharded import INDEX_SUFFIX, SetReader, TensorSet, is_index, resolve
 from ..messages import Message, Naming, Option, library_name
@@ -194,6 +195,12 @@ def convert(source: Path | str, target: Path | str, *, selection: Selection | No
     target = Path(target)
     _check_target(Path(source), target, overwrite)
     chosen = Path(diff_input(os.fspath(source)))
+    with shared_locks([chosen] if is_index(chosen) else []):  # (a set never half rewritten in place meanwhile)
+        return _convert(source, chosen, target, selection, shard_bytes, overwrite, drop_nonnumeric, budget, started)
+
+
+def _convert(source: Path | str, chosen: Path, target: Path, selection: Selection, shard_bytes: int,
+             overwrite: bool, drop_nonnumeric: bool, budget: Budget, started: float) -> ConvertResult:
     tensor_set = resolve(TensorSet(str(chosen), [], chosen)) if is_index(chosen) else None
     with (SetReader(tensor_set) if tensor_set is not None else open_reader(chosen)) as reader:
         if reader.damage is not None:

@@ -35,6 +35,8 @@ from ..core.dtypes import is_bool, is_complex, is_floating
 from ..core.kernels import Scratch
 from ..errors import TclipError
 from ..formats import TensorInfo, TensorReader
+from ..formats.locks import shared_locks
+from ..formats.sharded import is_index
 from ..messages import Naming, Option, Tagged, library_name, spelled
 from ..quant.view import open_any_logical
 from ..text import name_list
@@ -291,8 +293,10 @@ def diff_files(a: Path | str, b: Path | str, *, rtol: float = 0.0, atol: float =
     selection = selection or Selection()
     rules = mapping or []
     report = DiffReport(str(a), str(b), rtol, atol, tensors_only=tensors_only)
-    # Quantized weights are compared as their real values, under their own names (scales are parts).
-    with open_any_logical(Path(a)) as reader_a, open_any_logical(Path(b)) as reader_b:
+    # Quantized weights are compared as their real values, under their own names (scales are parts);
+    # a set is read under a shared lock on its index (never half rewritten in place meanwhile).
+    with shared_locks([Path(p) for p in (a, b) if is_index(Path(p))]), \
+            open_any_logical(Path(a)) as reader_a, open_any_logical(Path(b)) as reader_b:
         for reader in (reader_a, reader_b):
             if reader.damage is not None:
                 raise TclipError(reader.damage, reader.path)

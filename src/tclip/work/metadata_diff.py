@@ -73,16 +73,16 @@ def compare_mappings(where: str | None, a: dict[str, Any], b: dict[str, Any],
     form = _portable if portable else _canonical
     for key, value in a.items():
         if key not in b:
-            yield MetadataDifference(where, str(key), show_value(value), None)
+            yield MetadataDifference(where, str(key), show_value(value, None), None)
         elif form(value) != form(b[key]):
-            shown_a, shown_b = show_value(value), show_value(b[key])
+            shown_a, shown_b = show_value(value, None), show_value(b[key], None)  # (whole: shortened below)
             if shown_a == shown_b:  # "1" against 1: show them as JSON, where they differ
                 shown_a, shown_b = _canonical(value), _canonical(b[key])
             shown_a, shown_b = shorten_pair(shown_a, shown_b)
             yield MetadataDifference(where, str(key), shown_a, shown_b)
     for key, value in b.items():
         if key not in a:
-            yield MetadataDifference(where, str(key), None, show_value(value))
+            yield MetadataDifference(where, str(key), None, show_value(value, None))
 
 
 def _shortened(difference: MetadataDifference) -> MetadataDifference:

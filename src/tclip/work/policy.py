@@ -4,11 +4,13 @@ set of checks for one file and for a tensor set."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
-from ..core.dtypes import is_floating
+from ..core.dtypes import dtype_name
 from ..core.modes import Mode
 from ..core.stats import Axes
 from ..errors import NonFiniteError, TclipError, UnsupportedError
+from ..formats.base import OtherObject
 from ..messages import Option
 from ..text import name_list, natural_key
 from .options import ClipOptions
@@ -19,24 +21,21 @@ from .selection import SkipKind, TensorEntry, is_rank_skip
 
 
 def check_selection(entries: list[TensorEntry], names: list[str], mode: Mode, options: ClipOptions,
-                    where: object, what: str = "file") -> list[Note]:
+                    where: object, what: str = "file", unreadable: Sequence[OtherObject] = ()) -> list[Note]:
     """What is refused before any data is read, for a file or a tensor set alike (raises),
     and the warnings that go with what is not refused (returned).
 
     ``entries``: every tensor with its skip reason (:func:`~tclip.work.selection.select`);
     ``names``: every tensor name of the file or set (for patterns that match nothing);
-    ``what``: "file" or "set", for messages. Quantized weights that cannot be clipped as
-    asked are refused here (:func:`~tclip.work.quantized.check_quantized_selection`).
+    ``what``: "file" or "set", for messages; ``unreadable``: the selected objects of a type
+    tclip cannot read (a GGUF tensor of an unknown ggml type, HDF5 quad floats). Quantized
+    weights that cannot be clipped as asked are refused here
+    (:func:`~tclip.work.quantized.check_quantized_selection`), and so is any selected tensor
+    left unread that may hold floats: a clip never passes over what it could not process.
     """
     selection = options.selection
     check_quantized_selection(entries, mode, where)
-    refused = [e for e in entries if e.skipped is not None and e.skipped.kind is SkipKind.REFUSED
-               and is_floating(e.dtype)]
-    if refused:
-        first = refused[0]
-        more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
-        raise UnsupportedError((f"tensor {first.name!r}{more}: {first.skipped}; nothing was written. "
-                                "Leave such tensors out with ", Option.EXCLUDE, " to clip the rest"), where)
+    _check_unread(entries, unreadable, where)
     notes = []
     rank_skips = [e for e in entries if is_rank_skip(e.skipped)]
     if rank_skips:
@@ -55,6 +54,24 @@ def check_selection(entries: list[TensorEntry], names: list[str], mode: Mode, op
     if not any(e.skipped is None for e in entries):
         notes.append(Note(NoteKind.NOTHING_SELECTED, "no floating-point tensor selected; the output is a copy"))
     return notes
+
+
+def _check_unread(entries: list[TensorEntry], unreadable: Sequence[OtherObject], where: object) -> None:
+    """Refuse a clip selecting a tensor it would leave unread although it may hold floats."""
+    refused = [e for e in entries if e.unread_floats and e.skipped is not None and e.skipped.kind is SkipKind.REFUSED]
+    if refused:
+        first = refused[0]
+        more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
+        raise UnsupportedError((f"tensor {first.name!r}{more}: {first.skipped}; nothing was written. "
+                                "Leave such tensors out with ", Option.EXCLUDE, " to clip the rest"), where)
+    unread = [(e.name, e.dtype_label or dtype_name(e.dtype)) for e in entries if e.unread_floats]
+    unread += [(o.name, f"{o.kind}: {o.reason}") for o in unreadable]
+    if unread:
+        name, why = unread[0]
+        more = f" (and {len(unread) - 1} more)" if len(unread) > 1 else ""
+        raise UnsupportedError((f"tensor {name!r}{more} is of a type tclip cannot read ({why}) and may hold "
+                                "floating-point values; nothing was written. Leave it out with ", Option.EXCLUDE,
+                                " to clip the rest"), where)
 
 
 def _tensors(count: int) -> str:

@@ -189,7 +189,9 @@ def report_from_stats(stats: FileStats, ord: str, params: dict[str, object],
         report.global_norm = math.fsum(norms)
     else:
         report.global_norm = max(norms, default=0.0)
-    for pattern in (selection or Selection()).unmatched([t.name for t in report.tensors]):
+    # (an object of a type tclip cannot read is selected too: the gate counts it unless left out)
+    for pattern in (selection or Selection()).unmatched([*(t.name for t in report.tensors),
+                                                        *(o.name for o in report.others if o.unreadable_type)]):
         report.warnings.append(unmatched_note(pattern))
     optimizer = optimizer_note([t.name for t in report.tensors
                                 if t.skipped is not None and t.skipped.kind is SkipKind.OPTIMIZER_STATE], True)

@@ -117,7 +117,9 @@ class TensorEntry:
 
     ``dtype`` is the stored dtype; ``dtype_label`` what reports show instead for data
     that is not numbers, or the scheme of a quantized weight (None: the dtype's name);
-    ``encoding``: a quantized weight's :class:`~tclip.formats.base.EncodingSummary`.
+    ``encoding``: a quantized weight's :class:`~tclip.formats.base.EncodingSummary`;
+    ``unread_floats``: selected, never read (refused, or of a type tclip cannot read) and may
+    hold floating-point values: a clip refuses it rather than pass over it.
     """
 
     name: str
@@ -127,6 +129,15 @@ class TensorEntry:
     skipped: Skip | None = None
     dtype_label: str | None = None
     encoding: EncodingSummary | None = None
+    unread_floats: bool = False
+
+
+def _unread_floats(info: TensorInfo, reason: Skip | None) -> bool:
+    """Whether a tensor left unread may hold floats: a refused float, or one of a type tclip
+    cannot read unless its format knows the type holds none (torch.complex32)."""
+    if reason is None or reason.kind not in (SkipKind.REFUSED, SkipKind.UNREADABLE_TYPE):
+        return False
+    return is_floating(info.dtype) if info.numeric else not info.not_floating
 
 
 def select(reader: TensorReader, selection: Selection, axes: Axes = None,
@@ -140,7 +151,8 @@ def select(reader: TensorReader, selection: Selection, axes: Axes = None,
     for info in reader.tensors.values():
         reason = skip_reason(info, selection, axes)
         entries.append(TensorEntry(info.name, tuple(info.shape), info.dtype, info.nbytes, reason, info.dtype_label,
-                                   None if info.encoding is None else info.encoding.summary))
+                                   None if info.encoding is None else info.encoding.summary,
+                                   _unread_floats(info, reason)))
         if reason is None:
             to_read[info.name] = normalize_axes(axes, len(info.shape))
         elif whole_if_rank_skip and (is_rank_skip(reason) or (

@@ -30,6 +30,7 @@ from ..core.stats import Axes, AxesLike, parse_axes
 from ..errors import TclipError, UnsupportedError
 from ..formats import SharedElements
 from ..formats.atomic import identity_of, marker_names
+from ..formats.locks import shared_locks
 from ..formats.registry import open_reader
 from ..formats.sharded import GGUF_SPLIT_NAME, IN_PROGRESS_KEY, TensorSet, is_index, resolve, set_anchor
 from ..messages import Option
@@ -246,7 +247,19 @@ def report_set(tensor_set: TensorSet, selection: Selection, order: str, axes: Ax
                progress: Callable[[str], Callable[[int], None]] | None = None,
                dask_address: str | None = None, max_norm: float | None = None) -> FileReport:
     """The read-only report of a set: every tensor of every file, one global norm. A set of
-    one loose file reports as that file (its name and metadata, no ``files`` list)."""
+    one loose file reports as that file (its name and metadata, no ``files`` list).
+
+    A set with an index is read under a shared lock on it (:mod:`tclip.formats.locks`): a run
+    rewriting the set in place replaces its shards one by one, and a report reading them
+    meanwhile would sum old shards with new ones; the one that comes second fails at once.
+    (A loose file needs none: it is replaced whole, by rename, and read through one descriptor.)"""
+    with shared_locks([] if tensor_set.index is None else [tensor_set.index]):
+        return _report_set(tensor_set, selection, order, axes, moments, budget, progress, dask_address, max_norm)
+
+
+def _report_set(tensor_set: TensorSet, selection: Selection, order: str, axes: Axes, moments: bool, budget: Budget,
+                progress: Callable[[str], Callable[[int], None]] | None, dask_address: str | None,
+                max_norm: float | None) -> FileReport:
     started = time.perf_counter()
     one = alone(tensor_set)
     tensor_set = tensor_set if one else resolve(tensor_set)  # (one file: its reader says what is wrong)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...text import natural_key
+from ...text import shown_key
 
 LOW = (33, 102, 172)     # far below the row's median
 MIDDLE = (247, 247, 247)  # at the median
@@ -91,7 +91,7 @@ def layer_of(name: str) -> int | None:
 
 def row_order(names: list[str]) -> list[int]:
     """Rows in natural order, so each layer's tensors come together (layers.2 before layers.10)."""
-    return sorted(range(len(names)), key=lambda i: natural_key(names[i]))
+    return sorted(range(len(names)), key=lambda i: shown_key(names[i]))
 
 
 def ratio_text(level: float, span: float) -> str:

@@ -8,7 +8,7 @@ import numpy as np
 from rich.console import Console
 from rich.text import Text
 
-from ...text import fmt_column, name_list, natural_key, safe
+from ...text import fmt_column, name_list, safe, shown_key
 from ...work.diff import UNMATCHED, DiffReport, RemarkKind, Status, TensorDiff, Verdict
 from ...work.results import dtype_text
 from ..words import flag
@@ -22,7 +22,7 @@ FEW = 3
 
 def _order(tensors: list[TensorDiff], sort: str) -> list[TensorDiff]:
     if sort == "name":
-        return sorted(tensors, key=lambda t: natural_key(t.name))
+        return sorted(tensors, key=lambda t: shown_key(t.name))
     if sort == "order":
         return list(tensors)
 
@@ -79,7 +79,7 @@ def render_diff(report: DiffReport, console: Console, width: int | None, *, sort
     if same:
         lines.append(Text(f"{same} tensor(s) equal ({tolerance})", style="dim"))
     for status in UNMATCHED:
-        items = sorted((t for t in report.tensors if t.status is status), key=lambda t: natural_key(t.name))
+        items = sorted((t for t in report.tensors if t.status is status), key=lambda t: shown_key(t.name))
         if not items:
             continue
         if status is Status.SHAPE_DIFFERS:
@@ -110,7 +110,7 @@ def render_diff(report: DiffReport, console: Console, width: int | None, *, sort
 def _not_compared_lines(report: DiffReport) -> list[Text]:
     """Each reason a tensor was not compared once, after a few of its names: one line per reason."""
     groups: dict[str, list[str]] = {}
-    for t in sorted((t for t in report.tensors if t.status is Status.NOT_COMPARED), key=lambda t: natural_key(t.name)):
+    for t in sorted((t for t in report.tensors if t.status is Status.NOT_COMPARED), key=lambda t: shown_key(t.name)):
         groups.setdefault(str(t.note or ""), []).append(safe(t.name))
     lines = [Text(f"not compared: {name_list(names, FEW)} ({safe(reason)})", style="yellow")
              for reason, names in list(groups.items())[:FEW]]

@@ -8,7 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from ...text import natural_key, safe, show_value
+from ...text import safe, show_value, shown_key
 from ...work.results import InfoReport
 from .report import gave_way_line, tie_lines
 from .table import (
@@ -101,7 +101,7 @@ def render_info(info: InfoReport, console: Console, *, width: int | None = -1, s
     fit = console.width if width == -1 else width
     title = Text(safe(info.file), style="bold")
     title.append(f"  ({info.format}, {human_bytes(info.size_bytes)})")
-    tensors = info.tensors if sort != "name" else sorted(info.tensors, key=lambda t: natural_key(t.name))
+    tensors = info.tensors if sort != "name" else sorted(info.tensors, key=lambda t: shown_key(t.name))
     if len(tensors) > PLAIN_ROWS:
         print_lines(console, [title])
         storage = None if info.storage_files is None else list(info.storage_files)

@@ -11,7 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from ...text import fmt_column, fmt_number, name_list, natural_key, safe
+from ...text import fmt_column, fmt_number, name_list, safe, shown_key
 from ...work.results import FileReport, TensorReport, slice_label
 from ...work.selection import SkipKind, is_rank_skip
 from .table import (
@@ -58,7 +58,7 @@ def _scale_text(t: TensorReport, report: FileReport, symbols: Symbols) -> Text:
 
 def order_tensors(tensors: list[TensorReport], sort: str) -> list[TensorReport]:
     if sort == "name":
-        return sorted(tensors, key=lambda t: natural_key(t.name))
+        return sorted(tensors, key=lambda t: shown_key(t.name))
     if sort == "norm":
         def key(t: TensorReport) -> tuple[int, float]:
             if t.norm is None:
@@ -193,7 +193,7 @@ def skipped_lines(report: FileReport, symbols: Symbols = UNICODE) -> list[Text]:
     # (how it is shown, the reason) -> names, in order of first appearance
     reasons: dict[tuple[str, str], list[str]] = {}
     skipped = [t for t in report.tensors if t.skipped is not None and t.skipped.kind is not SkipKind.NOT_SELECTED]
-    for t in sorted(skipped, key=lambda t: natural_key(t.name)):
+    for t in sorted(skipped, key=lambda t: shown_key(t.name)):
         if t.norm is not None and is_rank_skip(t.skipped):
             form = "measured whole"  # the report measured it whole
         elif t.norm is not None:
@@ -255,7 +255,7 @@ def slice_lines(report: FileReport, shown: Sequence[TensorReport] | None = None)
         if flagged or t.near_zero_slices:
             notes.append(((-count if flagged else 0, -(t.near_zero_slices or 0)), t.name,
                           Text(f"{safe(t.name)}: " + "; ".join(parts), style="dim")))
-    notes.sort(key=lambda n: (n[0], natural_key(n[1])))
+    notes.sort(key=lambda n: (n[0], shown_key(n[1])))
     lines = [text for _, _, text in notes[:SLICE_NOTES]]
     if len(notes) > SLICE_NOTES:
         what = "clipped" if report.mode != "report" else "over the limit" if isinstance(limit, (int, float)) else ""

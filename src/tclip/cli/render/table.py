@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.text import Text
 
 from ...core.dtypes import is_big_endian
-from ...text import safe
+from ...text import bounded, safe
 
 NAME_WIDTH = 40
 BAR_WIDTH = 14
@@ -179,10 +179,12 @@ def name_floor(names: Sequence[str], ellipsis: str = "…") -> int:
 
 
 def shorten_names(names: Sequence[str], width: int | None, ellipsis: str = "…") -> dict[str, str]:
-    """How each name is shown in a column of ``width`` (None: unlimited); never two alike."""
+    """How each name is shown in a column of ``width`` (None: unlimited); never two alike,
+    unless two are alike once a name past :data:`~tclip.text.LONG_TEXT` characters is
+    shortened (:func:`~tclip.text.bounded`: a layout never works through millions of them)."""
     if width is None:
-        return {n: n for n in names}
-    shown = {n: abbreviate(n, width, ellipsis=ellipsis) for n in names}
+        return {n: bounded(n) for n in names}
+    shown = {n: abbreviate(bounded(n), width, ellipsis=ellipsis) for n in names}
     for _ in range(4):
         groups: dict[str, list[str]] = {}
         for name, text in shown.items():
@@ -191,7 +193,7 @@ def shorten_names(names: Sequence[str], width: int | None, ellipsis: str = "…"
         if not clashes:
             return shown
         for group in clashes:
-            split = [_split(n)[0] for n in group]
+            split = [_split(bounded(n))[0] for n in group]
             longest = max(len(s) for s in split)
             differing = []
             for back in range(1, longest + 1):  # aligned from the end
@@ -200,14 +202,14 @@ def shorten_names(names: Sequence[str], width: int | None, ellipsis: str = "…"
                     differing.append(back)
             for name, segments in zip(group, split):
                 prefer = [len(segments) - back for back in differing if back <= len(segments)]
-                shown[name] = abbreviate(name, width, prefer, ellipsis)
+                shown[name] = abbreviate(bounded(name), width, prefer, ellipsis)
     groups = {}
     for name, text in shown.items():
         groups.setdefault(text, []).append(name)
     for group in groups.values():
         if len(set(group)) > 1:
             for name in group:
-                shown[name] = name  # whole, even past the width: never ambiguous
+                shown[name] = bounded(name)  # whole, even past the width: never ambiguous
     return shown
 
 
@@ -384,6 +386,7 @@ def lay_out(names: list[str], columns: list[Column], width: int | None, symbols:
     The names are never cut below what tells them apart (:func:`name_floor`), even if the
     line then runs past ``width``. ``gave_way`` receives the headers of the columns left out
     (for a line saying so: a column never vanishes without a word)."""
+    names = [bounded(n) for n in names]  # (rows are by position: a name's shortened form stands for it)
     full = max([len(name_header)] + [len(n) for n in names])
     bar_width = BAR_WIDTH if bar is not None else 0
     cols = list(columns)

@@ -45,7 +45,7 @@ from ...core.units import Index, flat_rectangles
 from ...errors import FormatError, TclipError, UnsupportedError
 from .._blocks import contiguous_span, normalize_index
 from .._io import flat_result, pread_into
-from ..torch.pickled import ADVICE, TORCH_DTYPES, PickleLimits
+from ..torch.pickled import ADVICE, NOT_FLOATING_TORCH_DTYPES, TORCH_DTYPES, PickleLimits
 from ..base import OtherObject, TensorInfo, TensorReader
 from . import METADATA_NAME
 from ._chunks import _c_strides, _coverage
@@ -467,6 +467,7 @@ class DcpReader(TensorReader):
                               dtype_label=f"torch.{entry.dtype} ({entry.layout})")
         if dtype is None:
             return TensorInfo(name, entry.shape, np.dtype("u1"), numeric=False, unreadable_type=True,
+                              not_floating=entry.dtype in NOT_FLOATING_TORCH_DTYPES,
                               refused=f"dtype torch.{entry.dtype}, which tclip cannot read",
                               dtype_label=f"torch.{entry.dtype} (not supported)")
         return TensorInfo(name, entry.shape, dtype)

@@ -60,6 +60,9 @@ _OTHER_TORCH_DTYPES = frozenset({
 # carried byte for byte as data tclip cannot read (TensorInfo.unreadable_type), never refused.
 _OPAQUE_TORCH_DTYPES = {"complex32": 4, "chalf": 4, "float4_e2m1fn_x2": 1, "bits8": 1, "bits16": 2,
                         "bits1x8": 1, "bits2x4": 1, "bits4x2": 1}
+# Of those, the ones known to hold no floating-point values (complex ones, which a clip never
+# changes): carried by a clip; the others may hold floats, and a clip selecting one is refused.
+NOT_FLOATING_TORCH_DTYPES = frozenset({"complex32", "chalf"})
 
 
 # The legacy typed-storage classes: each names its element dtype. torch maps any

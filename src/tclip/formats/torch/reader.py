@@ -209,6 +209,7 @@ class TorchReader(TensorReader):
         try:
             before = os.fstat(self._fd)
             from .archive import load_torch_archive
+            from .pickled import NOT_FLOATING_TORCH_DTYPES
 
             self.archive = load_torch_archive(path)
             after = os.stat(path)
@@ -225,7 +226,8 @@ class TorchReader(TensorReader):
                 else:  # carried as bytes, never measured
                     self.tensors[name] = TensorInfo(name, ref.shape, ref.dtype, numeric=False,
                                                     dtype_label=f"torch.{ref.unreadable} (not supported)",
-                                                    unreadable_type=True)
+                                                    unreadable_type=True,
+                                                    not_floating=ref.unreadable in NOT_FLOATING_TORCH_DTYPES)
             self.others = [_other(leaf) for leaf in self.archive.others]
             self._values = {leaf.name: leaf.value for leaf in self.archive.others}
             for prefix in _optimizer_prefixes(self.archive.others):
