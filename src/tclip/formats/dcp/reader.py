@@ -49,6 +49,7 @@ from ..torch.pickled import ADVICE, NOT_FLOATING_TORCH_DTYPES, TORCH_DTYPES, Pic
 from ..base import OtherObject, TensorInfo, TensorReader
 from . import METADATA_NAME
 from ._chunks import _c_strides, _coverage
+from ._window import Window
 from ._metadata import BytesEntry, Chunk, DcpMetadata, StorageItem, TensorEntry, load_dcp_metadata
 from .layouts import MEGATRON_CONFIG, megatron_config, megatron_parts
 
@@ -357,7 +358,7 @@ class DcpReader(TensorReader):
     def _archive(self, fd: int, start: int, length: int, where: str, name: str) -> Any:
         from ..torch.archive import _load_zip
 
-        window = _Window(fd, start + length)
+        window = Window(fd, start + length)
         try:
             return _load_zip(self.path, window, self.limits, name)
         except TclipError as error:
@@ -441,7 +442,7 @@ class DcpReader(TensorReader):
         self._temps.append(temp)
         # one frame per item, as torch's ZStandard extension writes it
         reader = zstandard.ZstdDecompressor().stream_reader(
-            cast(Any, _Window(fd, item.offset + item.length, item.offset)))  # a file-like zstandard reads
+            cast(Any, Window(fd, item.offset + item.length, item.offset)))  # a file-like zstandard reads
         written = 0
         try:
             while True:
@@ -522,7 +523,7 @@ class DcpReader(TensorReader):
             return None
         try:
             stream = zstandard.ZstdDecompressor().stream_reader(
-                cast(Any, _Window(fd, item.offset + item.length, item.offset)))  # a file-like zstandard reads
+                cast(Any, Window(fd, item.offset + item.length, item.offset)))  # a file-like zstandard reads
             data = stream.read(_MAX_VALUE_ITEM + 1)
         except zstandard.ZstdError:
             return None
@@ -664,46 +665,6 @@ class DcpReader(TensorReader):
                                                    writeable=False)
             dest[...] = view
             del raw, view
-
-
-class _Window:
-    """A read-only file object over ``fd`` that ends at ``end`` (and, for a stream, starts at
-    ``begin``): ``zipfile`` then finds the chunk's own zip directory at the window's end, and
-    offsets its entries by where the zip starts, as it does for a zip with data before it."""
-
-    def __init__(self, fd: int, end: int, begin: int = 0) -> None:
-        self._fd = fd
-        self._end = end
-        self._pos = begin
-
-    def fileno(self) -> int:
-        return self._fd
-
-    def seekable(self) -> bool:
-        return True
-
-    def readable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        base = {0: 0, 1: self._pos, 2: self._end}[whence]
-        if base + offset < 0:
-            raise ValueError("negative seek position")
-        self._pos = base + offset
-        return self._pos
-
-    def read(self, n: int = -1) -> bytes:
-        left = max(0, self._end - self._pos)
-        n = left if n is None or n < 0 else min(n, left)
-        data = os.pread(self._fd, n, self._pos) if n else b""
-        self._pos += len(data)
-        return data
-
-    def close(self) -> None:
-        """The descriptor belongs to the reader."""
 
 
 def _dtype(name: str) -> np.dtype | None:

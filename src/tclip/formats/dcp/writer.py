@@ -38,7 +38,8 @@ from ..atomic import AtomicOutput, remove_if_same
 from ..base import TensorInfo, TensorReader, TensorWriter
 from ..torch.writer import _Member, locate_members, member_crc
 from . import METADATA_NAME
-from .reader import _ZIP_MAGIC, DcpReader, _Piece, _Window
+from ._window import Window
+from .reader import _ZIP_MAGIC, DcpReader, _Piece
 
 
 @dataclass
@@ -102,7 +103,7 @@ class DcpWriter(TensorWriter):
                 raise FormatError(f"{item.relative_path}: the chunk of {name!r} is not a zip archive", like.path)
             if archive.crc32:  # (saved with CRC-32s off: they stay 0)
                 key = next(iter(archive.tensors.values())).storage.key
-                members = locate_members(fd, _Window(fd, item.offset + item.length), {key: archive.storages[key]},
+                members = locate_members(fd, Window(fd, item.offset + item.length), {key: archive.storages[key]},
                                          f"{like.path}: {item.relative_path}")
                 member = members[key]
         if piece.dense:
