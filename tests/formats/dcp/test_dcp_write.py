@@ -331,7 +331,7 @@ def test_the_folders_other_files_go_along(dcp_root: Path, tmp_path: Path) -> Non
                                "model.layers.0.attention.wo.weight", "model.norm.weight", "model.scale"})
 
 
-def test_tensors_sharing_bytes_of_an_embedded_safetensors_file_are_refused(dcp_root: Path, tmp_path: Path) -> None:
+def test_tensors_sharing_bytes_of_an_embedded_safetensors_file_are_refused_by_every_command(dcp_root: Path, tmp_path: Path) -> None:
     """A SAFETENSORS-variant folder whose header gives two tensors one byte range: clipping one would
     change the other, so neither is rewritten and nothing is written."""
     import shutil
@@ -354,5 +354,10 @@ def test_tensors_sharing_bytes_of_an_embedded_safetensors_file_are_refused(dcp_r
     out = tmp_path / "out"
     result = run("global", folder, "--clip", CLIP, "--out-dir", out)
     assert result.exit_code == 1, result.output
-    assert "share bytes" in result.stderr and result.stderr.count("Error: ") == 1
+    assert "overlapping data_offsets" in result.stderr and result.stderr.count("Error: ") == 1
     assert not out.exists()
+    # read, the same bytes would be counted twice in the global norm: refused by every command
+    for command in (["report"], ["info"], ["diff", folder]):
+        result = run(command[0], folder, *command[1:])
+        assert result.exit_code == 1 and "overlapping data_offsets" in result.stderr, (command, result.output)
+        assert result.stderr.count("Error: ") == 1

@@ -421,6 +421,7 @@ class DcpReader(TensorReader):
         ends = [v["data_offsets"][1] for v in entries.values()
                 if isinstance(v.get("data_offsets"), list) and len(v["data_offsets"]) == 2
                 and type(v["data_offsets"][1]) is int]
+        _check_apart(entries, lambda what: self.bad(f"{where}: the safetensors file at byte {item.offset}: {what}"))
         data = 8 + header_length
         total = data + max(ends, default=0)
         if item.offset + total > size:
@@ -665,6 +666,18 @@ class DcpReader(TensorReader):
                                                    writeable=False)
             dest[...] = view
             del raw, view
+
+
+def _check_apart(entries: dict[str, Any], bad: Any) -> None:
+    """Refuse tensors of an embedded safetensors file whose byte ranges overlap: read as two
+    tensors, the same bytes would be counted twice in a norm (safetensors itself refuses such a
+    file; torch's DCP reader would load both)."""
+    spans = sorted((o[0], o[1], k) for k, v in entries.items() if isinstance(o := v.get("data_offsets"), list)
+                   and len(o) == 2 and type(o[0]) is int and type(o[1]) is int and o[1] > o[0])
+    for (_, end, first), (begin, _, second) in zip(spans, spans[1:]):
+        if begin < end:
+            raise bad(f"the tensors {first!r} and {second!r} have overlapping data_offsets (their bytes would be "
+                      "counted twice)")
 
 
 def _dtype(name: str) -> np.dtype | None:
