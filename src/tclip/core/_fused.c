@@ -912,6 +912,7 @@ static PyObject *set_copies(PyObject *self, PyObject *args)
 static PyObject *quant_sums(PyObject *self, PyObject *args);  /* the quantized section, at the end */
 static PyObject *code_moments(PyObject *self, PyObject *args);
 static PyObject *byte_lookup(PyObject *self, PyObject *args);
+static PyObject *ggml_sums(PyObject *self, PyObject *args);  /* the kquant section, at the end */
 
 static PyMethodDef methods[] = {
     {"row_stats", row_stats, METH_VARARGS,
@@ -952,6 +953,10 @@ static PyMethodDef methods[] = {
      "sum of squares, smallest and largest into out (int64, 4 x rows)."},
     {"byte_lookup", byte_lookup, METH_VARARGS,
      "byte_lookup(raw, table, out): out[i] = table[raw[i]] (uint8 into float64, a table of 256)."},
+    {"ggml_sums", ggml_sums, METH_VARARGS,
+     "ggml_sums(blocks, type_id, big_endian, extremes, out, ok): per GGUF block (Q8_0 ... Q6_K) the closed\n"
+     "form of tclip.quant.ggml's block statistics: sum of squares, sum, smallest, largest into out (float64,\n"
+     "4 x blocks), ok[i] = 1 (uint8) where the block is exact, 0 where the caller dequantizes it."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1587,6 +1592,357 @@ static PyObject *byte_lookup(PyObject *self, PyObject *args)
     PyBuffer_Release(&out);
     if (!ok) {
         PyErr_SetString(PyExc_ValueError, "byte_lookup: bad table or output");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* =====================================================================================
+ * GGUF blocks in closed form (kquant section): tclip.quant.ggml.arithmetic._quant_stats's
+ * numbers per block in one pass over the raw blocks (ggml_sums).
+ *
+ * NumPy unpacks each type's packed codes into a uint8 array, sums them per sub-block, reads
+ * the sub-block scales and the f16 scale fields and combines them with a dozen whole-array
+ * integer steps; here each block is unpacked into codes c = u - bias on the stack and the
+ * same arithmetic is done on it (see _scaled_sums and _affine_sums for why it is exact):
+ * - sums of codes, of their squares, extremes: integers, the same in any order;
+ * - the affine types' integer sums in uint64, so that they wrap where NumPy's int64 arrays
+ *   wrap (only where a factor is 0: the product is then 0 either way);
+ * - every float64 product, ldexp and comparison is NumPy's, operand for operand; the
+ *   minimum and maximum of two float64 give the second on a tie, as NumPy's do (signed zeros).
+ * Blocks that are not exact (ok[i] = 0: a non-finite scale, or an affine block past 2**24)
+ * get 0 and are redone by the caller. ggml type ids as in ggml.h.
+ * ===================================================================================== */
+
+typedef struct {
+    int type, block_bytes, subs, sub_len, bias, c_hi, d_at, m_at, has_scales;
+} GgmlLayout;  /* m_at -1: no minimum */
+
+/* Each type's loop is its own copy (ggml_loop inlined with a constant type): the layout folds into
+ * constants and the sub-block loops are vectorized (a shared loop: 4 ns a value for Q4_1). */
+#define GGML_INLINE static inline __attribute__((always_inline))
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+GGML_INLINE GgmlLayout ggml_layout(int type)
+{
+    switch (type) {
+    case 8: return (GgmlLayout){8, 34, 1, 32, 128, 127, 0, -1, 0};      /* Q8_0 (bias of u = c + 128) */
+    case 2: return (GgmlLayout){2, 18, 1, 32, 8, 7, 0, -1, 0};          /* Q4_0 */
+    case 3: return (GgmlLayout){3, 20, 1, 32, 0, 15, 0, 2, 0};          /* Q4_1: B = -1 */
+    case 6: return (GgmlLayout){6, 22, 1, 32, 16, 15, 0, -1, 0};        /* Q5_0 */
+    case 7: return (GgmlLayout){7, 24, 1, 32, 0, 31, 0, 2, 0};          /* Q5_1: B = -1 */
+    case 10: return (GgmlLayout){10, 84, 16, 16, 0, 3, 80, 82, 1};      /* Q2_K */
+    case 11: return (GgmlLayout){11, 110, 16, 16, 4, 3, 108, -1, 1};    /* Q3_K */
+    case 12: return (GgmlLayout){12, 144, 8, 32, 0, 15, 0, 2, 1};       /* Q4_K */
+    case 13: return (GgmlLayout){13, 176, 8, 32, 0, 31, 0, 2, 1};       /* Q5_K */
+    case 14: return (GgmlLayout){14, 210, 16, 16, 32, 31, 208, -1, 1};  /* Q6_K */
+    default: return (GgmlLayout){0, 0, 0, 0, 0, 0, 0, 0, 0};
+    }
+}
+
+/* ldexp(x, e) where the result is a normal number (here |e| <= 60 and x an integer below 2**63):
+ * a product by an exact power of two, the same bits, without libm's call (tens of ns a block). */
+GGML_INLINE double ggml_pow2(int64_t e)
+{
+    const uint64_t bits = (uint64_t)(1023 + e) << 52;
+    double v;
+    memcpy(&v, &bits, sizeof v);
+    return v;
+}
+
+/* The unsigned codes u = c + bias of one block in sub-block order (sub-block s, place l at
+ * s * sub_len + l; Q8_0's int8 codes as c + 128), and its sub-block scales A and minima B (K types);
+ * layouts as in blocks.py. */
+GGML_INLINE void ggml_unpack(int type, const uint8_t *b, int big_endian, uint8_t *c, int64_t *a, int64_t *m)
+{
+    switch (type) {
+    case 8:
+        for (int j = 0; j < 32; j++) c[j] = b[2 + j] ^ 0x80;  /* int8 c = (c + 128) - 128 */
+        break;
+    case 2: case 3: {
+        const uint8_t *qs = b + (type == 2 ? 2 : 4);
+        for (int j = 0; j < 16; j++) { c[j] = qs[j] & 15; c[j + 16] = qs[j] >> 4; }
+        break;
+    }
+    case 6: case 7: {
+        const uint8_t *h = b + (type == 6 ? 2 : 4), *qs = h + 4;
+        const uint32_t qh = big_endian ? (uint32_t)h[3] | (uint32_t)h[2] << 8 | (uint32_t)h[1] << 16 | (uint32_t)h[0] << 24
+                                       : (uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 | (uint32_t)h[3] << 24;
+#if defined(__SSE2__)
+        {   /* byte j of `bit` is 0x10 where bit j of qh is set: qh's bytes spread over 8 bytes each, tested */
+            const __m128i one_bit = _mm_set1_epi64x((long long)0x8040201008040201ULL), nib = _mm_set1_epi8(15);
+            const __m128i x = _mm_loadu_si128((const __m128i *)(const void *)qs);
+            const uint64_t spread = 0x0101010101010101ULL;
+            const __m128i low = _mm_set_epi64x((long long)(((qh >> 8) & 255) * spread), (long long)((qh & 255) * spread));
+            const __m128i high = _mm_set_epi64x((long long)((qh >> 24) * spread), (long long)(((qh >> 16) & 255) * spread));
+            const __m128i ten = _mm_set1_epi8(0x10);
+            const __m128i low_bit = _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(low, one_bit), one_bit), ten);
+            const __m128i high_bit = _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(high, one_bit), one_bit), ten);
+            _mm_storeu_si128((__m128i *)(void *)c, _mm_or_si128(_mm_and_si128(x, nib), low_bit));
+            _mm_storeu_si128((__m128i *)(void *)(c + 16),
+                             _mm_or_si128(_mm_and_si128(_mm_srli_epi16(x, 4), nib), high_bit));
+        }
+#else
+        for (int j = 0; j < 16; j++) {
+            c[j] = (uint8_t)((qs[j] & 15) | ((qh >> j) & 1) << 4);
+            c[j + 16] = (uint8_t)((qs[j] >> 4) | ((qh >> (j + 16)) & 1) << 4);
+        }
+#endif
+        break;
+    }
+    case 10: case 11: {  /* sub-block 8h + 2j + t: bits 2j, 2j + 1 of qs[32h + 16t + l] */
+        const uint8_t *qs = b + (type == 10 ? 16 : 32), *hmask = b;
+        for (int h = 0; h < 2; h++)
+            for (int j = 0; j < 4; j++)
+                for (int t = 0; t < 2; t++) {
+                    uint8_t *out = c + 16 * (8 * h + 2 * j + t);
+                    const uint8_t *q = qs + 32 * h + 16 * t;
+#if defined(__SSE2__)  /* 16-bit shifts: the two bits kept of each byte are that byte's */
+                    const __m128i x = _mm_loadu_si128((const __m128i *)(const void *)q);
+                    __m128i u = _mm_and_si128(_mm_srl_epi16(x, _mm_cvtsi32_si128(2 * j)), _mm_set1_epi8(3));
+                    if (type == 11) {
+                        const __m128i y = _mm_loadu_si128((const __m128i *)(const void *)(hmask + 16 * t));
+                        const __m128i bit = _mm_and_si128(_mm_srl_epi16(y, _mm_cvtsi32_si128(4 * h + j)), _mm_set1_epi8(1));
+                        u = _mm_or_si128(u, _mm_slli_epi16(bit, 2));
+                    }
+                    _mm_storeu_si128((__m128i *)(void *)out, u);
+                    continue;
+#endif
+                    if (type == 10) {
+                        for (int l = 0; l < 16; l++) out[l] = (uint8_t)((q[l] >> (2 * j)) & 3);
+                    } else {  /* Q3_K: the high bit (+4) is bit 4h + j of hmask[16t + l] */
+                        const uint8_t *hm = hmask + 16 * t;
+                        for (int l = 0; l < 16; l++)
+                            out[l] = (uint8_t)(((q[l] >> (2 * j)) & 3) | ((hm[l] >> (4 * h + j)) & 1) << 2);
+                    }
+                }
+        if (type == 10) {
+            for (int s = 0; s < 16; s++) { a[s] = b[s] & 15; m[s] = b[s] >> 4; }
+        } else {
+            const uint8_t *p = b + 96;
+            for (int s = 0; s < 16; s++) {
+                a[s] = (int64_t)(((p[s % 8] >> (4 * (s / 8))) & 15) | ((p[8 + s % 4] >> (2 * (s / 4))) & 3) << 4) - 32;
+                m[s] = 0;
+            }
+        }
+        break;
+    }
+    case 12: case 13: {  /* sub-block 2g: low nibbles of qs[32g ..], 2g + 1: high nibbles; Q5_K: bit s of qh[l] */
+        const uint8_t *qs = b + (type == 12 ? 16 : 48), *qh = b + 16;
+        for (int g = 0; g < 4; g++)
+            for (int l = 0; l < 32; l++) {
+                c[64 * g + l] = (uint8_t)(qs[32 * g + l] & 15);
+                c[64 * g + 32 + l] = (uint8_t)(qs[32 * g + l] >> 4);
+            }
+        if (type == 13)
+            for (int s = 0; s < 8; s++)
+                for (int l = 0; l < 32; l++) c[32 * s + l] |= (uint8_t)(((qh[l] >> s) & 1) << 4);
+        const uint8_t *q = b + 4;  /* ggml's get_scale_min_k4 */
+        for (int s = 0; s < 4; s++) { a[s] = q[s] & 63; m[s] = q[4 + s] & 63; }
+        for (int s = 4; s < 8; s++) {
+            a[s] = (q[s + 4] & 15) | (q[s - 4] >> 6) << 4;
+            m[s] = (q[s + 4] >> 4) | (q[s] >> 6) << 4;
+        }
+        break;
+    }
+    case 14: {  /* element 128n + 32k + l: nibble k / 2 of ql[64n + 32(k % 2) + l], bits 2k, 2k + 1 of qh[32n + l] */
+        const uint8_t *ql = b, *qh = b + 128;
+        for (int n = 0; n < 2; n++)
+            for (int k = 0; k < 4; k++)
+                for (int l = 0; l < 32; l++)
+                    c[128 * n + 32 * k + l] = (uint8_t)(((ql[64 * n + 32 * (k % 2) + l] >> (4 * (k / 2))) & 15)
+                                                        | ((qh[32 * n + l] >> (2 * k)) & 3) << 4);
+        for (int s = 0; s < 16; s++) { a[s] = (int8_t)b[192 + s]; m[s] = 0; }
+        break;
+    }
+    }
+}
+
+/* _f16_parts: finite f16 bits as significand * 2**exponent; returns 1 where not finite (parts 0). */
+static int ggml_f16_parts(uint32_t bits, int64_t *sig, int64_t *exp)
+{
+    const uint32_t field = (bits >> 10) & 31, mantissa = bits & 1023;
+    if (field == 31) { *sig = 0; *exp = 0; return 1; }
+    const int64_t s = field == 0 ? mantissa : mantissa | 1024;
+    *sig = bits >> 15 ? -s : s;
+    *exp = field == 0 ? -24 : (int64_t)field - 25;
+    return 0;
+}
+
+/* Of the n (16 or 32) codes u of a sub-block, c = u - bias: the sum, the sum of squares (from the sums
+ * of u and u * u: integers, exact), the smallest and the largest. */
+#if defined(__SSE2__)
+GGML_INLINE void ggml_moments(const uint8_t *u, int n, int64_t bias, int64_t *sum, int64_t *sq, int64_t *lo, int64_t *hi)
+{
+    const __m128i zero = _mm_setzero_si128();
+    __m128i s = zero, q = zero, small = _mm_set1_epi8((char)0xFF), large = zero;
+    for (int k = 0; k < n; k += 16) {
+        const __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(u + k));
+        s = _mm_add_epi64(s, _mm_sad_epu8(v, zero));
+        const __m128i low = _mm_unpacklo_epi8(v, zero), high = _mm_unpackhi_epi8(v, zero);
+        q = _mm_add_epi32(q, _mm_add_epi32(_mm_madd_epi16(low, low), _mm_madd_epi16(high, high)));
+        small = _mm_min_epu8(small, v);
+        large = _mm_max_epu8(large, v);
+    }
+    s = _mm_add_epi64(s, _mm_unpackhi_epi64(s, s));
+    q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0x4E));
+    q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0xB1));
+    small = _mm_min_epu8(small, _mm_srli_si128(small, 8));
+    small = _mm_min_epu8(small, _mm_srli_si128(small, 4));
+    small = _mm_min_epu8(small, _mm_srli_si128(small, 2));
+    small = _mm_min_epu8(small, _mm_srli_si128(small, 1));
+    large = _mm_max_epu8(large, _mm_srli_si128(large, 8));
+    large = _mm_max_epu8(large, _mm_srli_si128(large, 4));
+    large = _mm_max_epu8(large, _mm_srli_si128(large, 2));
+    large = _mm_max_epu8(large, _mm_srli_si128(large, 1));
+    const int64_t su = _mm_cvtsi128_si32(s), squ = _mm_cvtsi128_si32(q);
+    *sum = su - n * bias;
+    *sq = squ - 2 * bias * su + n * bias * bias;
+    *lo = (int64_t)(_mm_cvtsi128_si32(small) & 0xFF) - bias;
+    *hi = (int64_t)(_mm_cvtsi128_si32(large) & 0xFF) - bias;
+}
+#else
+GGML_INLINE void ggml_moments(const uint8_t *u, int n, int64_t bias, int64_t *sum, int64_t *sq, int64_t *lo, int64_t *hi)
+{
+    int64_t su = 0, squ = 0, small = 255, large = 0;
+    for (int l = 0; l < n; l++) {
+        su += u[l]; squ += u[l] * u[l];
+        small = u[l] < small ? u[l] : small; large = u[l] > large ? u[l] : large;
+    }
+    *sum = su - n * bias;
+    *sq = squ - 2 * bias * su + n * bias * bias;
+    *lo = small - bias;
+    *hi = large - bias;
+}
+#endif
+
+static inline double ggml_min2(double x, double y) { return x < y ? x : y; }  /* NumPy: y on a tie */
+static inline double ggml_max2(double x, double y) { return x > y ? x : y; }
+
+GGML_INLINE void ggml_block(const GgmlLayout *t, const uint8_t *b, int big_endian, int extremes, double *res, uint8_t *ok)
+{
+    uint8_t c[256];
+    int64_t a[16], m[16], sum[16], sq[16], lo[16], hi[16];
+    ggml_unpack(t->type, b, big_endian, c, a, m);
+    for (int s = 0; s < t->subs; s++) ggml_moments(c + s * t->sub_len, t->sub_len, t->bias, sum + s, sq + s, lo + s, hi + s);
+    const uint32_t d_bits = big_endian ? (uint32_t)b[t->d_at] << 8 | b[t->d_at + 1] : (uint32_t)b[t->d_at + 1] << 8 | b[t->d_at];
+    res[0] = res[1] = res[2] = res[3] = 0.0;
+    if (t->m_at < 0) {  /* _scaled_sums: v = d * (A c) */
+        if (((d_bits >> 10) & 31) == 31) { *ok = 0; return; }
+        const double d = f16_value[d_bits];
+        int64_t w2 = 0, w1 = 0, e_lo = INT64_MAX, e_hi = INT64_MIN;
+        for (int s = 0; s < t->subs; s++) {
+            const int64_t as = t->has_scales ? a[s] : 1, x = as * lo[s], y = as * hi[s];
+            w2 += as * as * sq[s]; w1 += as * sum[s];
+            const int64_t small = x < y ? x : y, large = x > y ? x : y;
+            e_lo = small < e_lo ? small : e_lo; e_hi = large > e_hi ? large : e_hi;
+        }
+        res[0] = (d * d) * (double)w2;
+        res[1] = d * (double)w1;
+        if (extremes) {
+            const double smallest = (double)e_lo * d, largest = (double)e_hi * d;
+            res[2] = ggml_min2(smallest, largest);
+            res[3] = ggml_max2(smallest, largest);
+        }
+        *ok = 1;
+        return;
+    }
+    /* _affine_sums: v = (d A) c - m' B, exact where every value is below 2**24 in units of 2**e */
+    const uint32_t m_bits = big_endian ? (uint32_t)b[t->m_at] << 8 | b[t->m_at + 1] : (uint32_t)b[t->m_at + 1] << 8 | b[t->m_at];
+    const int64_t n = t->sub_len;
+    int64_t a_top, b_top, b_sign;
+    uint64_t w_aa = 0, w_ab = 0, w_bb = 0, w_a = 0, w_b = 0;
+    if (!t->has_scales) {  /* Q4_1/Q5_1: A = 1, B = -1 */
+        a_top = 1; b_top = 1; b_sign = -1;
+        w_aa = (uint64_t)sq[0]; w_ab = -(uint64_t)sum[0]; w_bb = 1; w_a = (uint64_t)sum[0]; w_b = (uint64_t)-1;
+    } else {
+        a_top = INT64_MIN; b_top = INT64_MIN; b_sign = 1;
+        for (int s = 0; s < t->subs; s++) {
+            a_top = a[s] > a_top ? a[s] : a_top; b_top = m[s] > b_top ? m[s] : b_top;
+            w_aa += (uint64_t)(a[s] * a[s] * sq[s]); w_ab += (uint64_t)(a[s] * m[s] * sum[s]);
+            w_bb += (uint64_t)(m[s] * m[s]); w_a += (uint64_t)(a[s] * sum[s]); w_b += (uint64_t)m[s];
+        }
+    }
+    int64_t d_sig, d_exp, m_sig, m_exp;
+    int bad = ggml_f16_parts(d_bits, &d_sig, &d_exp);
+    bad |= ggml_f16_parts(m_bits, &m_sig, &m_exp);
+    const int uses_m = m_sig != 0 && b_top != 0;
+    const int64_t low_exp = uses_m && m_exp < d_exp ? m_exp : d_exp;
+    const double p_top = fabs((double)(d_sig * a_top) * ggml_pow2(d_exp - low_exp)) * (double)t->c_hi;
+    const double q_top = fabs((double)(m_sig * b_top) * ggml_pow2(m_exp - low_exp));
+    const int same_sign = (d_sig >= 0) == (m_sig * b_sign >= 0);
+    const double reach = same_sign ? (p_top > q_top ? p_top : q_top) : p_top + q_top;
+    if (!(reach < 16777216.0) || bad) { *ok = 0; return; }
+    const uint64_t p = (uint64_t)d_sig << (d_exp - low_exp);
+    const uint64_t q = uses_m ? (uint64_t)m_sig << (m_exp - low_exp) : 0;
+    const uint64_t squares = p * p * w_aa - 2 * p * q * w_ab + (uint64_t)n * q * q * w_bb;
+    const uint64_t totals = p * w_a - (uint64_t)n * q * w_b;
+    res[0] = (double)(int64_t)squares * ggml_pow2(2 * low_exp);
+    res[1] = (double)(int64_t)totals * ggml_pow2(low_exp);
+    if (extremes) {
+        int64_t e_lo = INT64_MAX, e_hi = INT64_MIN;
+        for (int s = 0; s < t->subs; s++) {
+            const uint64_t pa = t->has_scales ? p * (uint64_t)a[s] : p, qb = t->has_scales ? q * (uint64_t)m[s] : -q;
+            const int64_t x = (int64_t)(pa * (uint64_t)lo[s] - qb), y = (int64_t)(pa * (uint64_t)hi[s] - qb);
+            const int64_t small = x < y ? x : y, large = x > y ? x : y;
+            e_lo = small < e_lo ? small : e_lo; e_hi = large > e_hi ? large : e_hi;
+        }
+        res[2] = (double)e_lo * ggml_pow2(low_exp);
+        res[3] = (double)e_hi * ggml_pow2(low_exp);
+    }
+    *ok = 1;
+}
+
+GGML_INLINE void ggml_loop(int type, const uint8_t *b, Py_ssize_t count, int big_endian, int extremes, double *o,
+                           uint8_t *ok)
+{
+    const GgmlLayout t = ggml_layout(type);
+    double res[4];
+    for (Py_ssize_t i = 0; i < count; i++, b += t.block_bytes) {
+        ggml_block(&t, b, big_endian, extremes, res, ok + i);
+        o[i] = res[0]; o[count + i] = res[1]; o[2 * count + i] = res[2]; o[3 * count + i] = res[3];
+    }
+}
+
+static void ggml_loops(int type, const uint8_t *b, Py_ssize_t count, int big_endian, int extremes, double *o, uint8_t *ok)
+{
+    switch (type) {
+    case 8: ggml_loop(8, b, count, big_endian, extremes, o, ok); break;
+    case 2: ggml_loop(2, b, count, big_endian, extremes, o, ok); break;
+    case 3: ggml_loop(3, b, count, big_endian, extremes, o, ok); break;
+    case 6: ggml_loop(6, b, count, big_endian, extremes, o, ok); break;
+    case 7: ggml_loop(7, b, count, big_endian, extremes, o, ok); break;
+    case 10: ggml_loop(10, b, count, big_endian, extremes, o, ok); break;
+    case 11: ggml_loop(11, b, count, big_endian, extremes, o, ok); break;
+    case 12: ggml_loop(12, b, count, big_endian, extremes, o, ok); break;
+    case 13: ggml_loop(13, b, count, big_endian, extremes, o, ok); break;
+    case 14: ggml_loop(14, b, count, big_endian, extremes, o, ok); break;
+    }
+}
+
+/* ggml_sums(blocks, type_id, big_endian, extremes, out, ok): see the section's comment; out is
+ * float64 (4, blocks): sums of squares, sums, smallest, largest (0 where extremes is 0). */
+static PyObject *ggml_sums(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_buffer raw, out, okb;
+    int type, big_endian, extremes;
+    if (!PyArg_ParseTuple(args, "y*iiiw*w*", &raw, &type, &big_endian, &extremes, &out, &okb)) return NULL;
+    const GgmlLayout layout = ggml_layout(type);
+    const Py_ssize_t count = layout.block_bytes ? raw.len / layout.block_bytes : 0;
+    const int ok = layout.block_bytes && raw.len % layout.block_bytes == 0
+                   && out.len == 4 * count * (Py_ssize_t)sizeof(double) && okb.len == count;
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        ggml_loops(type, raw.buf, count, big_endian, extremes, out.buf, okb.buf);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&raw);
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&okb);
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "ggml_sums: unknown type, or blocks and outputs that do not match");
         return NULL;
     }
     Py_RETURN_NONE;

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from ...core.block_kernels import ggml_sums
 from ...formats.gguf.ggml_types import BF16, F16, F32, GGML_TYPES, type_name
 from .blocks import (
     _CHUNK_VALUES,
@@ -137,13 +138,11 @@ def _add_groups(out: BlockStats, first: int, part: _Part, group_blocks: int) -> 
 
 
 def _quant_stats(type_id: int, blocks: np.ndarray, order: str, extremes: bool) -> _Part:
-    quant = _QUANTS[type_id]
-    sum_c, sum_c2, c_min, c_max = quant.code_stats(blocks, order, extremes)
-    a, b = quant.scales(blocks) if quant.scales is not None else (None, None)
-    if quant.m_at is None:
-        ss, total, lo, hi, ok = _scaled_sums(quant, blocks, order, a, sum_c, sum_c2, c_min, c_max)
+    fused = ggml_sums(type_id, blocks, order == ">", extremes)  # the same numbers, in C
+    if fused is not None:
+        ss, total, lo, hi, ok = fused
     else:
-        ss, total, lo, hi, ok = _affine_sums(quant, blocks, order, a, b, sum_c, sum_c2, c_min, c_max)
+        ss, total, lo, hi, ok = _numpy_sums(type_id, blocks, order, extremes)
     slow = np.flatnonzero(~ok)
     nans = infs = np.zeros(0, np.int64)
     if slow.size:
@@ -158,6 +157,16 @@ def _quant_stats(type_id: int, blocks: np.ndarray, order: str, extremes: bool) -
             lo[slow] = np.where(nan_mask, math.inf, values).min(axis=1)
             hi[slow] = np.where(nan_mask, -math.inf, values).max(axis=1)
     return _Part(ss, total, lo, hi, slow, nans, infs)
+
+
+def _numpy_sums(type_id: int, blocks: np.ndarray, order: str, extremes: bool) -> tuple:
+    """Per block: sum of squares, sum, extremes (or None) and the mask of exact blocks."""
+    quant = _QUANTS[type_id]
+    sum_c, sum_c2, c_min, c_max = quant.code_stats(blocks, order, extremes)
+    a, b = quant.scales(blocks) if quant.scales is not None else (None, None)
+    if quant.m_at is None:
+        return _scaled_sums(quant, blocks, order, a, sum_c, sum_c2, c_min, c_max)
+    return _affine_sums(quant, blocks, order, a, b, sum_c, sum_c2, c_min, c_max)
 
 
 def _across(ufunc: np.ufunc, x: np.ndarray) -> Any:
