@@ -27,7 +27,8 @@ pytestmark = pytest.mark.skipif(kernels._fused is None, reason="the C extension 
 
 
 def hard_blocks(name: str, seed: int) -> np.ndarray:
-    """Random valid blocks, random bytes, all-0x00 and all-0xFF codes, and +-0 scales."""
+    """Random valid blocks, random bytes, all-0x00 and all-0xFF codes, and +-0 scales (the first
+    field: d; the last: m, or d again)."""
     type_id = gh.TYPE_IDS[name]
     elements, nbytes, fields = gh.BLOCKS[type_id]
     rng = np.random.default_rng(seed)
@@ -43,7 +44,10 @@ def hard_blocks(name: str, seed: int) -> np.ndarray:
         ends[row * 4 % ends.shape[0], fields[0]:fields[0] + 2] = np.frombuffer(np.uint16(bits).tobytes(), np.uint8)
         ends[(row * 4 + 1) % ends.shape[0], fields[-1]:fields[-1] + 2] = \
             np.frombuffer(np.uint16(bits).tobytes(), np.uint8)
-    return np.concatenate([valid, noise, ends])
+    zeros = np.repeat(valid[:4], 4, axis=0).copy()  # d = +0 or -0 with random codes: ties of signed zeros
+    zeros[:, fields[0]:fields[0] + 2] = 0
+    zeros[1::2, fields[0] + 1] = 0x80
+    return np.concatenate([valid, noise, ends, zeros])
 
 
 @pytest.mark.parametrize("name", QUANT_NAMES)
