@@ -115,3 +115,13 @@ def test_bad_arguments_are_refused():
         kernels._fused.ggml_sums(np.zeros(35, np.uint8), 8, 0, 1, np.zeros(4), np.zeros(1, np.uint8))  # type: ignore[union-attr]
     with pytest.raises(ValueError, match="ggml_sums"):
         kernels._fused.ggml_sums(np.zeros(34, np.uint8), 9, 0, 1, np.zeros(4), np.zeros(1, np.uint8))  # type: ignore[union-attr]
+
+
+def test_without_the_extension_numpy_does_it(monkeypatch):
+    """With ``kernels._fused`` gone (no C compiler at install) the dispatcher declines and
+    block_stats gives the same numbers through NumPy."""
+    raw = hard_blocks("Q4_K", 5)[:40].tobytes()
+    with_c = stats_bytes(gb.block_stats(12, raw, "<", group_blocks=8))
+    monkeypatch.setattr(kernels, "_fused", None)
+    assert block_kernels.ggml_sums(12, np.frombuffer(raw, np.uint8).reshape(-1, 144), False, True) is None
+    assert stats_bytes(gb.block_stats(12, raw, "<", group_blocks=8)) == with_c
