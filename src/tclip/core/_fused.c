@@ -1667,15 +1667,18 @@ GGML_INLINE void ggml_unpack(int type, const uint8_t *b, int big_endian, uint8_t
     }
     case 6: case 7: {
         const uint8_t *h = b + (type == 6 ? 2 : 4), *qs = h + 4;
-        const uint32_t qh = big_endian ? (uint32_t)h[3] | (uint32_t)h[2] << 8 | (uint32_t)h[1] << 16 | (uint32_t)h[0] << 24
-                                       : (uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 | (uint32_t)h[3] << 24;
+        const uint32_t qh = big_endian
+            ? (uint32_t)h[3] | (uint32_t)h[2] << 8 | (uint32_t)h[1] << 16 | (uint32_t)h[0] << 24
+            : (uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 | (uint32_t)h[3] << 24;
 #if defined(__SSE2__)
         {   /* byte j of `bit` is 0x10 where bit j of qh is set: qh's bytes spread over 8 bytes each, tested */
             const __m128i one_bit = _mm_set1_epi64x((long long)0x8040201008040201ULL), nib = _mm_set1_epi8(15);
             const __m128i x = _mm_loadu_si128((const __m128i *)(const void *)qs);
             const uint64_t spread = 0x0101010101010101ULL;
-            const __m128i low = _mm_set_epi64x((long long)(((qh >> 8) & 255) * spread), (long long)((qh & 255) * spread));
-            const __m128i high = _mm_set_epi64x((long long)((qh >> 24) * spread), (long long)(((qh >> 16) & 255) * spread));
+            const __m128i low = _mm_set_epi64x((long long)(((qh >> 8) & 255) * spread),
+                                               (long long)((qh & 255) * spread));
+            const __m128i high = _mm_set_epi64x((long long)((qh >> 24) * spread),
+                                                (long long)(((qh >> 16) & 255) * spread));
             const __m128i ten = _mm_set1_epi8(0x10);
             const __m128i low_bit = _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(low, one_bit), one_bit), ten);
             const __m128i high_bit = _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(high, one_bit), one_bit), ten);
@@ -1703,7 +1706,8 @@ GGML_INLINE void ggml_unpack(int type, const uint8_t *b, int big_endian, uint8_t
                     __m128i u = _mm_and_si128(_mm_srl_epi16(x, _mm_cvtsi32_si128(2 * j)), _mm_set1_epi8(3));
                     if (type == 11) {
                         const __m128i y = _mm_loadu_si128((const __m128i *)(const void *)(hmask + 16 * t));
-                        const __m128i bit = _mm_and_si128(_mm_srl_epi16(y, _mm_cvtsi32_si128(4 * h + j)), _mm_set1_epi8(1));
+                        const __m128i bit = _mm_and_si128(_mm_srl_epi16(y, _mm_cvtsi32_si128(4 * h + j)),
+                                                          _mm_set1_epi8(1));
                         u = _mm_or_si128(u, _mm_slli_epi16(bit, 2));
                     }
                     _mm_storeu_si128((__m128i *)(void *)out, u);
@@ -1773,7 +1777,8 @@ static int ggml_f16_parts(uint32_t bits, int64_t *sig, int64_t *exp)
 /* Of the n (16 or 32) codes u of a sub-block, c = u - bias: the sum, the sum of squares (from the sums
  * of u and u * u: integers, exact), the smallest and the largest. */
 #if defined(__SSE2__)
-GGML_INLINE void ggml_moments(const uint8_t *u, int n, int64_t bias, int64_t *sum, int64_t *sq, int64_t *lo, int64_t *hi)
+GGML_INLINE void ggml_moments(const uint8_t *u, int n, int64_t bias, int64_t *sum, int64_t *sq, int64_t *lo,
+                              int64_t *hi)
 {
     const __m128i zero = _mm_setzero_si128();
     __m128i s = zero, q = zero, small = _mm_set1_epi8((char)0xFF), large = zero;
@@ -1803,7 +1808,8 @@ GGML_INLINE void ggml_moments(const uint8_t *u, int n, int64_t bias, int64_t *su
     *hi = (int64_t)(_mm_cvtsi128_si32(large) & 0xFF) - bias;
 }
 #else
-GGML_INLINE void ggml_moments(const uint8_t *u, int n, int64_t bias, int64_t *sum, int64_t *sq, int64_t *lo, int64_t *hi)
+GGML_INLINE void ggml_moments(const uint8_t *u, int n, int64_t bias, int64_t *sum, int64_t *sq, int64_t *lo,
+                              int64_t *hi)
 {
     int64_t su = 0, squ = 0, small = 255, large = 0;
     for (int l = 0; l < n; l++) {
@@ -1820,13 +1826,16 @@ GGML_INLINE void ggml_moments(const uint8_t *u, int n, int64_t bias, int64_t *su
 static inline double ggml_min2(double x, double y) { return x < y ? x : y; }  /* NumPy: y on a tie */
 static inline double ggml_max2(double x, double y) { return x > y ? x : y; }
 
-GGML_INLINE void ggml_block(const GgmlLayout *t, const uint8_t *b, int big_endian, int extremes, double *res, uint8_t *ok)
+GGML_INLINE void ggml_block(const GgmlLayout *t, const uint8_t *b, int big_endian, int extremes, double *res,
+                            uint8_t *ok)
 {
     uint8_t c[256];
     int64_t a[16], m[16], sum[16], sq[16], lo[16], hi[16];
     ggml_unpack(t->type, b, big_endian, c, a, m);
-    for (int s = 0; s < t->subs; s++) ggml_moments(c + s * t->sub_len, t->sub_len, t->bias, sum + s, sq + s, lo + s, hi + s);
-    const uint32_t d_bits = big_endian ? (uint32_t)b[t->d_at] << 8 | b[t->d_at + 1] : (uint32_t)b[t->d_at + 1] << 8 | b[t->d_at];
+    for (int s = 0; s < t->subs; s++)
+        ggml_moments(c + s * t->sub_len, t->sub_len, t->bias, sum + s, sq + s, lo + s, hi + s);
+    const uint32_t d_bits = big_endian ? (uint32_t)b[t->d_at] << 8 | b[t->d_at + 1]
+                                       : (uint32_t)b[t->d_at + 1] << 8 | b[t->d_at];
     res[0] = res[1] = res[2] = res[3] = 0.0;
     if (t->m_at < 0) {  /* _scaled_sums: v = d * (A c) */
         if (((d_bits >> 10) & 31) == 31) { *ok = 0; return; }
@@ -1849,7 +1858,8 @@ GGML_INLINE void ggml_block(const GgmlLayout *t, const uint8_t *b, int big_endia
         return;
     }
     /* _affine_sums: v = (d A) c - m' B, exact where every value is below 2**24 in units of 2**e */
-    const uint32_t m_bits = big_endian ? (uint32_t)b[t->m_at] << 8 | b[t->m_at + 1] : (uint32_t)b[t->m_at + 1] << 8 | b[t->m_at];
+    const uint32_t m_bits = big_endian ? (uint32_t)b[t->m_at] << 8 | b[t->m_at + 1]
+                                       : (uint32_t)b[t->m_at + 1] << 8 | b[t->m_at];
     const int64_t n = t->sub_len;
     int64_t a_top, b_top, b_sign;
     uint64_t w_aa = 0, w_ab = 0, w_bb = 0, w_a = 0, w_b = 0;
@@ -1905,7 +1915,8 @@ GGML_INLINE void ggml_loop(int type, const uint8_t *b, Py_ssize_t count, int big
     }
 }
 
-static void ggml_loops(int type, const uint8_t *b, Py_ssize_t count, int big_endian, int extremes, double *o, uint8_t *ok)
+static void ggml_loops(int type, const uint8_t *b, Py_ssize_t count, int big_endian, int extremes, double *o,
+                       uint8_t *ok)
 {
     switch (type) {
     case 8: ggml_loop(8, b, count, big_endian, extremes, o, ok); break;

@@ -104,17 +104,20 @@ def test_by_hand():
     # Q4_1, d = 1, m = 0.5: v = u + 0.5 for codes 0 (low nibbles) and 15 (high nibbles)
     q41 = np.frombuffer(bytes([0x00, 0x3C, 0x00, 0x38]) + bytes([0xF0] * 16), np.uint8).reshape(1, 20)
     ss, total, lo, hi, ok = block_kernels.ggml_sums(3, q41, False, True)  # type: ignore[misc]
-    assert (ss.tolist(), total.tolist(), lo.tolist(), hi.tolist()) == ([16 * (0.25 + 15.5 ** 2)], [16 * 16.0], [0.5], [15.5])
+    assert (ss.tolist(), total.tolist(), lo.tolist(), hi.tolist()) == \
+        ([16 * (0.25 + 15.5 ** 2)], [16 * 16.0], [0.5], [15.5])
     nan_d = q41.copy()
     nan_d[0, 1] = 0x7E
     assert block_kernels.ggml_sums(3, nan_d, False, True)[4].tolist() == [False]  # type: ignore[index]
 
 
 def test_bad_arguments_are_refused():
-    with pytest.raises(ValueError, match="ggml_sums"):
-        kernels._fused.ggml_sums(np.zeros(35, np.uint8), 8, 0, 1, np.zeros(4), np.zeros(1, np.uint8))  # type: ignore[union-attr]
-    with pytest.raises(ValueError, match="ggml_sums"):
-        kernels._fused.ggml_sums(np.zeros(34, np.uint8), 9, 0, 1, np.zeros(4), np.zeros(1, np.uint8))  # type: ignore[union-attr]
+    fused = kernels._fused
+    assert fused is not None
+    with pytest.raises(ValueError, match="ggml_sums"):  # not a whole number of Q8_0 blocks
+        fused.ggml_sums(np.zeros(35, np.uint8), 8, 0, 1, np.zeros(4), np.zeros(1, np.uint8))
+    with pytest.raises(ValueError, match="ggml_sums"):  # type 9 (Q8_1) is not one of them
+        fused.ggml_sums(np.zeros(34, np.uint8), 9, 0, 1, np.zeros(4), np.zeros(1, np.uint8))
 
 
 def test_without_the_extension_numpy_does_it(monkeypatch):
