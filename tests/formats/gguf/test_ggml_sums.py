@@ -63,15 +63,25 @@ def test_each_block_as_numpy(name, order, extremes):
     ok = numpy[4]
     assert fused[4].tolist() == ok.tolist()
     assert 0 < ok.sum() < ok.size  # both roads are taken
-    for got, want in zip(fused[:4], numpy[:4]):
+    for i, (got, want) in enumerate(zip(fused[:4], numpy[:4])):
         if not extremes and want is None:
             assert got is None
             continue
+        if i >= 2:  # the extremes: which zero a tie of +0 and -0 gives is NumPy's SIMD choice, which
+            got, want = unsigned_zero(got), unsigned_zero(want)  # differs between CPUs; both are zero
         assert got[ok].tobytes() == want[ok].tobytes()
 
 
+def unsigned_zero(values: np.ndarray) -> np.ndarray:
+    """The values with -0.0 as +0.0 (NaN and every other value, bits included, as they are)."""
+    values = np.array(values, copy=True)
+    values[values == 0] = 0.0
+    return values
+
+
 def stats_bytes(stats: gb.BlockStats) -> tuple:
-    return tuple(np.asarray(getattr(stats, name)).tobytes() for name in
+    return tuple((unsigned_zero(getattr(stats, name)) if name in ("minimum", "maximum")  # (see above)
+                  else np.asarray(getattr(stats, name))).tobytes() for name in
                  ("sum_of_squares", "total", "minimum", "maximum", "nan_count", "inf_count")) \
         + (stats.dequantized_blocks,)
 
