@@ -22,6 +22,7 @@ from .codes import (
     Findings,
     ScaleFindings,
     UnitCodes,
+    byte_scale_table,
     closed_form,
     code_faults,
     dequantize,
@@ -30,6 +31,7 @@ from .codes import (
     round_quotient,
     scale_values,
     shift_e8m0,
+    widen_bytes,
 )
 from ..core.stats import TensorStats, UnitResult
 from ..core.units import UnitGrid
@@ -208,16 +210,30 @@ class Undecoded(QuantEncoding):
 class _Raw:
     """The stored data of elements ``[start, stop)``: codes (uint8, as stored) and the scales of
     the bands they touch (float64, as read or as a rescale leaves them; ``old_scales``: as read,
-    where a rescale changed them)."""
+    where a rescale changed them). One-byte scales read without a rescale stay bytes
+    (``scale_bytes``, uint8, with their values' ``table``) until something asks for ``scales``."""
 
-    __slots__ = ("start", "stop", "codes", "first_band", "scales", "raw_scales", "nbytes", "old_scales")
+    __slots__ = ("start", "stop", "codes", "first_band", "_scales", "raw_scales", "nbytes", "_old",
+                 "scale_bytes", "table")
 
-    def __init__(self, start: int, stop: int, codes: np.ndarray, first_band: int, scales: np.ndarray,
-                 raw_scales: np.ndarray, old_scales: np.ndarray | None = None) -> None:
+    def __init__(self, start: int, stop: int, codes: np.ndarray, first_band: int, scales: np.ndarray | None,
+                 raw_scales: np.ndarray, old_scales: np.ndarray | None = None,
+                 scale_bytes: np.ndarray | None = None, table: np.ndarray | None = None) -> None:
         self.start, self.stop, self.codes = start, stop, codes
-        self.first_band, self.scales, self.raw_scales = first_band, scales, raw_scales
+        self.first_band, self._scales, self.raw_scales = first_band, scales, raw_scales
         self.nbytes = codes.nbytes + raw_scales.nbytes
-        self.old_scales = scales if old_scales is None else old_scales
+        self._old, self.scale_bytes, self.table = old_scales, scale_bytes, table
+
+    @property
+    def scales(self) -> np.ndarray:
+        if self._scales is None:
+            assert self.scale_bytes is not None and self.table is not None
+            self._scales = widen_bytes(self.scale_bytes, self.table)
+        return self._scales
+
+    @property
+    def old_scales(self) -> np.ndarray:
+        return self.scales if self._old is None else self._old
 
 
 def _leaves_normal_range(values: np.ndarray, products: np.ndarray, dtype: np.dtype) -> bool:
@@ -342,6 +358,11 @@ class CodeSource:
         if self.rescale_blocks:
             raw = encoding.new_scales(raw.reshape(-1), self.factor, first_band)  # type: ignore[arg-type]
             old = scale_values(stored, encoding.scheme.e8m0).reshape(-1, grid.nbc)
+        else:
+            table = byte_scale_table(raw, encoding.scheme.e8m0)
+            if table is not None:  # one-byte scales: looked up where they are used, in C for the norms
+                return _Raw(start, stop, codes, first_band, None, stored, None,
+                            raw.view(np.uint8).reshape(-1, grid.nbc), table)
         scales = scale_values(raw, encoding.scheme.e8m0).reshape(-1, grid.nbc)
         return _Raw(start, stop, codes, first_band, scales, stored, old)
 
@@ -365,8 +386,10 @@ class CodeSource:
         row0 = lo // cols
         first_band, last_band = int(blocks.band(row0)), int(blocks.band(row0 + rows - 1))
         columns = slice(col0 // blocks.bw, (col0 + width - 1) // blocks.bw + 1)
-        scales = (data.old_scales if old else data.scales)[first_band - data.first_band:
-                                                            last_band - data.first_band + 1, columns]
+        bands = slice(first_band - data.first_band, last_band - data.first_band + 1)
+        table = data.table  # one-byte scales as read (never beside a rescale): old or new, the same
+        scales = data.scale_bytes[bands, columns] if data.scale_bytes is not None \
+            else (data.old_scales if old else data.scales)[bands, columns]
         runs = None
         if blocks.bh > 1 or last_band - first_band + 1 < rows:  # bands are consecutive: one run of rows each
             runs, start = [], row0
@@ -374,7 +397,7 @@ class CodeSource:
                 stop = min(row0 + rows, int(blocks.band_start(int(blocks.band(start)) + 1)))
                 runs.append((start - row0, stop - row0))
                 start = stop
-        return UnitCodes(self.encoding.fmt, codes.reshape(rows, -1), col0, width, blocks.bw, scales, runs)
+        return UnitCodes(self.encoding.fmt, codes.reshape(rows, -1), col0, width, blocks.bw, scales, runs, table)
 
     def reduce(self, data: _Raw, grid: UnitGrid, first: int, stop: int, stats: TensorStats,
                scratch: Scratch | None) -> tuple[list[UnitResult], Findings | None]:
@@ -499,7 +522,10 @@ class CodeSource:
             if first_band <= last_band:  # the bands are consecutive: their scales are one run (one add, not one a row)
                 found = findings.scales.setdefault(scales.name, ScaleFindings(scales.name, scales.shape))
                 bands = slice(first_band - data.first_band, last_band + 1 - data.first_band)
-                found.add(data.old_scales[bands], first_band * blocks.nbc)  # the stored scales' values
+                if data.scale_bytes is not None and data.table is not None:
+                    found.add_bytes(data.scale_bytes[bands], data.table, first_band * blocks.nbc)
+                else:
+                    found.add(data.old_scales[bands], first_band * blocks.nbc)  # the stored scales' values
         if lo == 0 and encoding.global_scale is not None and self.global_raw is not None:
             part = encoding.global_scale
             found = findings.scales.setdefault(part.name, ScaleFindings(part.name, part.shape))
