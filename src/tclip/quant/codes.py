@@ -160,7 +160,7 @@ def byte_scale_table(raw: np.ndarray, e8m0: bool) -> np.ndarray | None:
     if e8m0:
         return _E8M0_TABLE
     raw = np.asarray(raw)
-    return _byte_scale_table(raw.dtype) if raw.dtype.itemsize == 1 and raw.dtype.kind == "V" else None
+    return _byte_scale_table(raw.dtype) if raw.dtype.itemsize == 1 and raw.dtype.kind in "Vf" else None
 
 
 def widen_bytes(raw: np.ndarray, table: np.ndarray) -> np.ndarray:
