@@ -405,6 +405,7 @@ class CodeSource:
         op, global_value = encoding.scheme.global_op, self.global_value
         findings = Findings(encoding.codes.name, encoding.weight.shape) if self.factor is None else None
         results = []
+        bands: list[list[int]] = []  # the bands whose scales these units count, consecutive ones merged
         for k, lo, hi, unit, shape in self.units(data, grid, first, stop):
             axes = stats.axes
             row_axes = axes is not None and axes == (len(shape) - 1,)
@@ -436,10 +437,12 @@ class CodeSource:
                             findings.first_bad_code = lo + at if findings.first_bad_code < 0 \
                                 else min(findings.first_bad_code, lo + at)
             if findings is not None:
-                self._scale_findings(findings, data, lo, hi, unit)
+                self._scale_findings(findings, lo, hi, bands)
             elif self.landing is not None and finite:
                 self._land(k, lo, hi, data, unit, sums if row_axes else np.asarray([closed]), row_axes)
             results.append(UnitResult(sum_sq, smallest, largest, nans, infs, sum_abs, hi - lo, moments))
+        if findings is not None:
+            self._add_scales(findings, data, bands)
         return results, findings
 
     def _land(self, k: int, lo: int, hi: int, data: _Raw, unit: UnitCodes, after: np.ndarray,
@@ -508,29 +511,44 @@ class CodeSource:
                 values /= global_value
         return values
 
-    def _scale_findings(self, findings: Findings, data: _Raw, lo: int, hi: int, unit: UnitCodes) -> None:
-        """Count each scale once: a band's scales belong to the unit holding the band's first element."""
+    def _scale_findings(self, findings: Findings, lo: int, hi: int, bands: list[list[int]]) -> None:
+        """Count each scale once: a band's scales belong to the unit holding the band's first element
+        (its bands go to ``bands``, counted by :meth:`_add_scales` after the units)."""
         encoding, blocks = self.encoding, self.grid
         cols = blocks.cols
         if lo % cols == 0:
             row0, row1 = lo // cols, -(-hi // cols)
             first_band, last_band = int(blocks.band(row0)), int(blocks.band(row1 - 1))
-            scales = encoding.scales
-            assert scales is not None
             if int(blocks.band_start(first_band)) < row0:
                 first_band += 1
-            if first_band <= last_band:  # the bands are consecutive: their scales are one run (one add, not one a row)
-                found = findings.scales.setdefault(scales.name, ScaleFindings(scales.name, scales.shape))
-                bands = slice(first_band - data.first_band, last_band + 1 - data.first_band)
-                if data.scale_bytes is not None and data.table is not None:
-                    found.add_bytes(data.scale_bytes[bands], data.table, first_band * blocks.nbc)
+            if first_band <= last_band:
+                scales = encoding.scales
+                assert scales is not None
+                findings.scales.setdefault(scales.name, ScaleFindings(scales.name, scales.shape))  # in this order
+                if bands and bands[-1][1] + 1 == first_band:
+                    bands[-1][1] = last_band
                 else:
-                    found.add(data.old_scales[bands], first_band * blocks.nbc)  # the stored scales' values
+                    bands.append([first_band, last_band])
         if lo == 0 and encoding.global_scale is not None and self.global_raw is not None:
             part = encoding.global_scale
             found = findings.scales.setdefault(part.name, ScaleFindings(part.name, part.shape))
             found.add(np.asarray([self.global_raw]), 0)
             findings.global_value = self.global_raw
+
+
+    def _add_scales(self, findings: Findings, data: _Raw, bands: list[list[int]]) -> None:
+        """Count the scales of ``bands`` (runs of consecutive bands: their scales are one run each,
+        one add for all the units of a read, not one a unit or a row)."""
+        scales, nbc = self.encoding.scales, self.grid.nbc
+        if not bands or scales is None:
+            return
+        found = findings.scales.setdefault(scales.name, ScaleFindings(scales.name, scales.shape))
+        for first_band, last_band in bands:
+            run = slice(first_band - data.first_band, last_band + 1 - data.first_band)
+            if data.scale_bytes is not None and data.table is not None:
+                found.add_bytes(data.scale_bytes[run], data.table, first_band * nbc)
+            else:
+                found.add(data.old_scales[run], first_band * nbc)  # the stored scales' values
 
 
 def _apply_global(row_sums: np.ndarray, largest: float, smallest: float, op: str, value: float | None
