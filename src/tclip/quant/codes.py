@@ -545,9 +545,9 @@ def _closed_form_fused(unit: UnitCodes, per_row: bool, check: bool = True, fast:
     if table is None or stored.dtype != np.uint8:
         stored, table = unit.scales, None
     if per_row and unit.runs is not None:
-        scales, bounds = np.repeat(stored, [b - a for a, b in unit.runs], axis=0), np.arange(n + 1, dtype=np.int64)
+        scales, bounds = np.repeat(stored, [b - a for a, b in unit.runs], axis=0), _row_bounds(n)
     elif unit.runs is None:
-        scales, bounds = stored, np.arange(n + 1, dtype=np.int64)
+        scales, bounds = stored, _row_bounds(n)
     else:
         scales, bounds = stored, np.asarray([0] + [b for _, b in unit.runs], np.int64)
     squares, kind, key_values = _fused_tables(fmt)
@@ -559,6 +559,14 @@ def _closed_form_fused(unit: UnitCodes, per_row: bool, check: bool = True, fast:
     if result is None or result[1] == 0 or result[2] == 0:
         return None
     return result
+
+
+@functools.lru_cache(maxsize=64)
+def _row_bounds(n: int) -> np.ndarray:
+    """``0, 1, .., n`` (int64, read-only): a group per row, made once per row count (a unit's)."""
+    bounds = np.arange(n + 1, dtype=np.int64)
+    bounds.flags.writeable = False
+    return bounds
 
 
 @functools.cache

@@ -412,13 +412,15 @@ class CodeSource:
             sums, largest, smallest = closed_form(unit, row_axes, None if scratch is None else scratch.wide)
             if op is not None:
                 sums, largest, smallest = _apply_global(sums, largest, smallest, op, global_value)
-            finite = bool(np.isfinite(sums).all()) and math.isfinite(largest) and math.isfinite(smallest)
+            total = float(np.add.reduce(sums))  # finite: so is every sum (none is negative); else look
+            finite = (math.isfinite(total) or bool(np.isfinite(sums).all())) and math.isfinite(largest) \
+                and math.isfinite(smallest)
             moments = None
             nans = infs = 0
             sum_abs = 0.0
             closed: Any = None
             if finite and (axes is None or row_axes):
-                closed = float(np.add.reduce(sums)) if axes is None else sums.reshape(shape[:-1])
+                closed = total if axes is None else sums.reshape(shape[:-1])
             if closed is not None and not stats.track_moments and not stats.track_l1:
                 sum_sq: Any = closed
             else:
