@@ -399,6 +399,7 @@ class CodeSource:
                 start = stop
         return UnitCodes(self.encoding.fmt, codes.reshape(rows, -1), col0, width, blocks.bw, scales, runs, table)
 
+    @np.errstate(invalid="ignore", over="ignore", divide="ignore")  # Inf/NaN are counted, not warned of
     def reduce(self, data: _Raw, grid: UnitGrid, first: int, stop: int, stats: TensorStats,
                scratch: Scratch | None) -> tuple[list[UnitResult], Findings | None]:
         encoding = self.encoding
@@ -411,7 +412,7 @@ class CodeSource:
             row_axes = axes is not None and axes == (len(shape) - 1,)
             sums, largest, smallest = closed_form(unit, row_axes, None if scratch is None else scratch.wide)
             if op is not None:
-                sums, largest, smallest = _apply_global(sums, largest, smallest, op, global_value)
+                sums, largest, smallest = _scaled_by_global(sums, largest, smallest, op, global_value)
             total = float(np.add.reduce(sums))  # finite: so is every sum (none is negative); else look
             finite = (math.isfinite(total) or bool(np.isfinite(sums).all())) and math.isfinite(largest) \
                 and math.isfinite(smallest)
@@ -526,7 +527,8 @@ class CodeSource:
             if first_band <= last_band:
                 scales = encoding.scales
                 assert scales is not None
-                findings.scales.setdefault(scales.name, ScaleFindings(scales.name, scales.shape))  # in this order
+                if scales.name not in findings.scales:  # made here: the entries keep their order
+                    findings.scales[scales.name] = ScaleFindings(scales.name, scales.shape)
                 if bands and bands[-1][1] + 1 == first_band:
                     bands[-1][1] = last_band
                 else:
@@ -555,12 +557,18 @@ class CodeSource:
 
 def _apply_global(row_sums: np.ndarray, largest: float, smallest: float, op: str, value: float | None
                   ) -> tuple[np.ndarray, float, float]:
-    g = math.nan if value is None else value
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        if op == "multiply":
-            sums, a, b = row_sums * (g * g), largest * g, smallest * g
-        else:
-            sums, a, b = row_sums / (g * g), largest / g, smallest / g
+        return _scaled_by_global(row_sums, largest, smallest, op, value)
+
+
+def _scaled_by_global(row_sums: np.ndarray, largest: float, smallest: float, op: str, value: float | None
+                      ) -> tuple[np.ndarray, float, float]:
+    """:func:`_apply_global` where the caller has silenced NumPy's overflow warnings (once, not a unit)."""
+    g = math.nan if value is None else value
+    if op == "multiply":
+        sums, a, b = row_sums * (g * g), largest * g, smallest * g
+    else:
+        sums, a, b = row_sums / (g * g), largest / g, smallest / g
     return sums, max(a, b), min(a, b)
 
 
