@@ -192,7 +192,8 @@ def test_nvfp4_file_statistics_are_those_of_the_float_scales(tmp_path, monkeypat
     slow = file_statistics(path, budget=Budget(threads=1))
     fast.elapsed_s = slow.elapsed_s = 0.0
     assert repr(fast) == repr(slow)
-    found = fast.findings["model.layers.1.self_attn.k_proj.weight"].scales["model.layers.1.self_attn.k_proj.weight_scale"]
+    weight = "model.layers.1.self_attn.k_proj.weight"
+    found = fast.findings[weight].scales[weight + "_scale"]
     assert (found.nan, found.zero, found.first_bad, found.first_zero) == (1, 1, 3 * 32 + 5, 40 * 32)
 
 
