@@ -944,10 +944,11 @@ static PyMethodDef methods[] = {
      "smallest, largest: the extreme values' bit patterns (meaningful when the sum is finite)."},
     {"quant_sums", quant_sums, METH_VARARGS,
      "quant_sums(raw, row_bytes, block_pairs, byte_squares, key_kind, key_values, scales, stride,\n"
-     "bounds, sums, fast) -> (largest, smallest): quant.codes.closed_form's sums of squares per group\n"
-     "of rows (bounds: int64 row starts and the end) and extremes of codes times block scales;\n"
+     "bounds, sums, fast[, scale_table]) -> (largest, smallest): quant.codes.closed_form's sums of squares\n"
+     "per group of rows (bounds: int64 row starts and the end) and extremes of codes times block scales;\n"
      "fast: E4M3FN codes summed in any order where that is exact, with AVX2 (1) or AVX-512 (2) where\n"
-     "the CPU has it, E2M1 codes (key_kind 2) in integers with AVX-512 (2) (0: NumPy's order always)."},
+     "the CPU has it, E2M1 codes (key_kind 2) in integers with AVX-512 (2) (0: NumPy's order always);\n"
+     "scale_table: the scales are bytes (uint8), each scale the table's float64 at its byte."},
     {"code_moments", code_moments, METH_VARARGS,
      "code_moments(codes, n, is_signed, bias, out): per row of n codes c (uint8, or int8), c - bias's sum,\n"
      "sum of squares, smallest and largest into out (int64, 4 x rows)."},
@@ -1067,7 +1068,8 @@ typedef struct {
     Py_ssize_t rb, bpb;           /* bytes a row; pairs of bytes a block */
     int kind, fast;               /* fast: a QFAST_ loop where the codes are E4M3FN and the CPU has it */
     const double *sq, *kval;      /* a byte's sum of squares; a key's value (index key + 128) */
-    const double *scales;         /* one row of `stride` per group */
+    const double *scales;         /* one row of `stride` per group (float64, or bytes with stable) */
+    const double *stable;         /* NULL, or the value of each scale byte (NVFP4's E4M3, E8M0) */
     Py_ssize_t stride;
     const int64_t *bounds;        /* group g: rows [bounds[g], bounds[g + 1]) */
     Py_ssize_t groups;
@@ -1380,6 +1382,53 @@ QUANT_AVX512 static void quant_e2m1_finish512(const QuantJob *job, const double 
     }
 }
 
+/* NVFP4's groups of one row (a scale per 16 codes, per row): quant_e2m1_group512 and
+ * quant_e2m1_finish512 in one walk over the row, 64 bytes (eight blocks) at a time, nothing
+ * stored but each block's product: vpsadbw's eight sums are the eight blocks' (times 4, exact),
+ * each eight bytes' largest key byte (biased: 120 .. 135, kval's index) is its block's, and the
+ * scales are eight bytes looked up in `table` (or eight float64). The same products, extremes
+ * and NaN flag as the two steps; cs gets the products for the caller's pairwise sum. */
+QUANT_AVX512 static void quant_e2m1_row512(const QuantJob *job, const uint8_t *p, const void *scales, double *cs,
+                                           double *largest, double *smallest, int *nan)
+{
+    const __m512i squares = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 4, 9, 16, 36, 64, (char)144,
+                                                                 0, 1, 4, 9, 16, 36, 64, (char)144));
+    const __m512i keys = _mm512_broadcast_i32x4(_mm_setr_epi8(8, 9, 10, 11, 12, 13, 14, 15,
+                                                              7, 6, 5, 4, 3, 2, 1, 0));  /* kval index - 120 */
+    const __m512i nibble = _mm512_set1_epi8(0x0F), zero = _mm512_setzero_si512(), byte = _mm512_set1_epi64(0xFF);
+    const __m512i ones = _mm512_set1_epi8(-1);  /* the smallest byte: the complement of the complements' largest */
+    const __m512d low = _mm512_loadu_pd(job->kval + 120), high = _mm512_loadu_pd(job->kval + 128);
+    const __m512d quarter = _mm512_set1_pd(0.25);
+    const uint8_t *sb = scales;
+    const double *sd = scales;
+    __m512d top_all = _mm512_set1_pd(-INFINITY), bottom_all = _mm512_set1_pd(INFINITY);
+    __mmask8 bad = 0;
+    for (Py_ssize_t c = 0; c < job->rb; c += 64) {
+        __m512i x = _mm512_loadu_si512(p + c);
+        __m512i lo4 = _mm512_and_si512(x, nibble), hi4 = _mm512_and_si512(_mm512_srli_epi16(x, 4), nibble);
+        __m512i sum = _mm512_add_epi64(_mm512_sad_epu8(_mm512_shuffle_epi8(squares, lo4), zero),
+                                       _mm512_sad_epu8(_mm512_shuffle_epi8(squares, hi4), zero));
+        __m512i a = _mm512_shuffle_epi8(keys, lo4), b = _mm512_shuffle_epi8(keys, hi4);
+        __m512i h = _mm512_and_si512(quant_qword_max(_mm512_max_epu8(a, b)), byte);
+        __m512i l = _mm512_andnot_si512(quant_qword_max(_mm512_xor_si512(_mm512_min_epu8(a, b), ones)), byte);
+        __m512d scale = job->stable
+            ? _mm512_i64gather_pd(_mm512_cvtepu8_epi64(_mm_loadl_epi64((const __m128i *)(const void *)(sb + c / 8))),
+                                  job->stable, 8)
+            : _mm512_loadu_pd(sd + c / 8);
+        __m512d terms = _mm512_mul_pd(_mm512_cvtepu64_pd(sum), quarter);
+        _mm512_storeu_pd(cs + c / 8, _mm512_mul_pd(_mm512_mul_pd(scale, scale), terms));
+        __m512d top = _mm512_mul_pd(_mm512_permutex2var_pd(low, h, high), scale);
+        __m512d bottom = _mm512_mul_pd(_mm512_permutex2var_pd(low, l, high), scale);
+        bad |= _mm512_cmp_pd_mask(top, bottom, _CMP_UNORD_Q);
+        top_all = _mm512_max_pd(top_all, _mm512_max_pd(top, bottom));
+        bottom_all = _mm512_min_pd(bottom_all, _mm512_min_pd(top, bottom));
+    }
+    *nan |= bad != 0;
+    const double top = _mm512_reduce_max_pd(top_all), bottom = _mm512_reduce_min_pd(bottom_all);
+    if (top > *largest) *largest = top;
+    if (bottom < *smallest) *smallest = bottom;
+}
+
 static int quant_avx512(void)
 {
     __builtin_cpu_init();
@@ -1431,10 +1480,24 @@ static int quant_blocks_fast(const QuantJob *job, Py_ssize_t g, double *cs, int8
 
 /* One group's sum into job->sums[g], its extremes folded into *largest, *smallest (NaN: *nan). */
 static void quant_group(const QuantJob *job, Py_ssize_t g, double *col, double *cs, int8_t *hi, int8_t *lo,
-                        double *largest, double *smallest, int *nan)
+                        double *sv, double *largest, double *smallest, int *nan)
 {
     const Py_ssize_t m = job->rb / 2, nb = (m + job->bpb - 1) / job->bpb;
     const double *s = job->scales + g * job->stride;
+#ifdef HAVE_AVX2_COPY
+    if (job->fast == QFAST_E2M1_AVX512 && job->bpb == 4 && job->rb % 64 == 0
+            && job->bounds[g + 1] - job->bounds[g] == 1) {  /* NVFP4: one row, a block per 8 bytes */
+        const void *row = job->stable ? (const void *)((const uint8_t *)job->scales + g * job->stride) : s;
+        quant_e2m1_row512(job, job->raw + job->bounds[g] * job->rb, row, cs, largest, smallest, nan);
+        job->sums[g] = 0.0 + quant_pairwise(cs, nb);
+        return;
+    }
+#endif
+    if (job->stable) {  /* one-byte scales: their values, as the table (ml_dtypes' cast) gives them */
+        const uint8_t *b = (const uint8_t *)job->scales + g * job->stride;
+        for (Py_ssize_t k = 0; k < nb; k++) sv[k] = job->stable[b[k]];
+        s = sv;
+    }
     int8_t *bhi = hi + job->rb, *blo = lo + job->rb;   /* after each byte's keys: each block's */
     const int fast = quant_blocks_fast(job, g, cs, bhi, blo);
     if (!fast) quant_blocks_ordered(job, g, col, hi, lo, cs, bhi, blo);
@@ -1472,18 +1535,26 @@ static int quant_avx2(void)
 static PyObject *quant_sums(PyObject *self, PyObject *args)
 {
     (void)self;
-    Py_buffer raw, sq, kval, scales, bounds, sums;
+    Py_buffer raw, sq, kval, scales, bounds, sums, table = {0};
     Py_ssize_t rb, bpb, stride;
     int kind, fast;
-    if (!PyArg_ParseTuple(args, "y*nny*iy*y*ny*w*i", &raw, &rb, &bpb, &sq, &kind, &kval, &scales, &stride,
-                          &bounds, &sums, &fast))
+    PyObject *table_object = Py_None;
+    if (!PyArg_ParseTuple(args, "y*nny*iy*y*ny*w*i|O", &raw, &rb, &bpb, &sq, &kind, &kval, &scales, &stride,
+                          &bounds, &sums, &fast, &table_object))
         return NULL;
+    if (table_object != Py_None && PyObject_GetBuffer(table_object, &table, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&raw); PyBuffer_Release(&sq); PyBuffer_Release(&kval);
+        PyBuffer_Release(&scales); PyBuffer_Release(&bounds); PyBuffer_Release(&sums);
+        return NULL;
+    }
+    const Py_ssize_t scale_size = table.buf ? 1 : 8;   /* bytes of one scale */
     const Py_ssize_t groups = bounds.len / 8 - 1, m = rb / 2;
     const Py_ssize_t nb = bpb > 0 ? (m + bpb - 1) / bpb : 0;
     const int64_t *bound = bounds.buf;
     int ok = rb > 0 && rb % 2 == 0 && bpb > 0 && kind >= 0 && kind <= 2 && sq.len == 256 * 8 && kval.len == 256 * 8
              && bounds.len % 8 == 0 && groups >= 1 && sums.len == groups * 8 && stride >= nb
-             && scales.len == groups * stride * 8 && bound[0] == 0 && raw.len == bound[groups] * rb;
+             && scales.len == groups * stride * scale_size && bound[0] == 0 && raw.len == bound[groups] * rb
+             && (!table.buf || table.len == 256 * 8);
     for (Py_ssize_t g = 0; ok && g < groups; g++) ok = bound[g + 1] > bound[g];
     double largest = -INFINITY, smallest = INFINITY;
     int nan = 0;
@@ -1491,7 +1562,7 @@ static PyObject *quant_sums(PyObject *self, PyObject *args)
     int8_t *keys = NULL;
     if (ok) {
         col = PyMem_RawMalloc(m * sizeof(double));
-        terms = PyMem_RawMalloc(nb * sizeof(double));
+        terms = PyMem_RawMalloc(2 * nb * sizeof(double));   /* the block terms, then the scales' values */
         keys = PyMem_RawMalloc(4 * rb);
     }
     if (ok && col && terms && keys) {
@@ -1499,11 +1570,11 @@ static PyObject *quant_sums(PyObject *self, PyObject *args)
         /* E2M1 (key kind QKEY_NIBBLES): its fast loop where the caller allows AVX-512 and the CPU has it */
         const int loop = kind == QKEY_NIBBLES ? (fast >= 2 && level == QFAST_E4M3_AVX512 ? QFAST_E2M1_AVX512 : 0)
                                               : (fast < level ? fast : level);
-        QuantJob job = {raw.buf, rb, bpb, kind, loop, sq.buf, kval.buf, scales.buf, stride, bound, groups,
-                        sums.buf};
+        QuantJob job = {raw.buf, rb, bpb, kind, loop, sq.buf, kval.buf, scales.buf, table.buf, stride, bound,
+                        groups, sums.buf};
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t g = 0; g < groups; g++)
-            quant_group(&job, g, col, terms, keys, keys + 2 * rb, &largest, &smallest, &nan);
+            quant_group(&job, g, col, terms, keys, keys + 2 * rb, terms + nb, &largest, &smallest, &nan);
         Py_END_ALLOW_THREADS
     }
     int memory = ok && !(col && terms && keys);
@@ -1516,6 +1587,7 @@ static PyObject *quant_sums(PyObject *self, PyObject *args)
     PyBuffer_Release(&scales);
     PyBuffer_Release(&bounds);
     PyBuffer_Release(&sums);
+    if (table.buf) PyBuffer_Release(&table);
     if (memory) return PyErr_NoMemory();
     if (!ok) {
         PyErr_SetString(PyExc_ValueError, "quant_sums: bad row length, block, kind, tables, scales or bounds");

@@ -672,13 +672,13 @@ def clip_unit(x: np.ndarray, lo: float, hi: float, scratch: Scratch | None = Non
 
 
 def quant_sums(raw: np.ndarray, block_pairs: int, byte_squares: np.ndarray, key_kind: int, key_values: np.ndarray,
-               scales: np.ndarray, bounds: np.ndarray, fast: int) -> tuple[np.ndarray, float, float] | None:
-    """:func:`tclip.quant.codes.closed_form` in C (see ``_fused.quant_sums``), or None without the extension."""
+               scales: np.ndarray, bounds: np.ndarray, fast: int, table: np.ndarray | None = None) -> Any:
+    """:func:`tclip.quant.codes.closed_form` in C (``_fused.quant_sums``: sums, largest, smallest), or None."""
     if _fused is None:
         return None
     sums = np.empty(bounds.size - 1, np.float64)
     largest, smallest = _fused.quant_sums(raw, raw.shape[1], block_pairs, byte_squares, key_kind, key_values,
-                                          scales, scales.shape[1], bounds, sums, fast)
+                                          scales, scales.shape[1], bounds, sums, fast, table)
     return sums, largest, smallest
 
 

@@ -154,6 +154,22 @@ def scale_values(raw: np.ndarray, e8m0: bool) -> np.ndarray:
         return raw.astype(np.float64)
 
 
+def byte_scale_table(raw: np.ndarray, e8m0: bool) -> np.ndarray | None:
+    """The float64 value of every byte of one-byte scales (E8M0, or an ml_dtypes float8 such as
+    NVFP4's E4M3), whose values are then ``table[byte]``; None for wider scales."""
+    if e8m0:
+        return _E8M0_TABLE
+    raw = np.asarray(raw)
+    return _byte_scale_table(raw.dtype) if raw.dtype.itemsize == 1 and raw.dtype.kind in "Vf" else None
+
+
+def widen_bytes(raw: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """``table[raw]`` for scale bytes ``raw`` (uint8), in C where it is built."""
+    raw = np.asarray(raw).view(np.uint8)
+    looked_up = byte_lookup(raw, table)
+    return table[raw] if looked_up is None else looked_up
+
+
 @functools.cache
 def _byte_scale_table(dtype: np.dtype) -> np.ndarray:
     """Every byte of a one-byte float dtype as ml_dtypes casts it to float64 (the same bits)."""
@@ -307,6 +323,25 @@ class ScaleFindings:
             self.smallest = min(self.smallest, float(usable.min()))
             self.largest = max(self.largest, float(usable.max()))
 
+    def add_bytes(self, raw: np.ndarray, table: np.ndarray, first_index: int) -> None:
+        """:meth:`add` for one-byte scales ``raw`` (uint8) whose values are ``table[raw]``: where
+        magnitudes grow with the masked byte (:func:`_magnitude_order`), the smallest and largest
+        byte tell whether every scale is finite and non-zero, and their magnitudes (two NumPy
+        passes over the bytes, not a float64 copy); else, or where some are not, :meth:`add`."""
+        flat = np.asarray(raw).view(np.uint8).reshape(-1)
+        if not flat.size:
+            return
+        order = _magnitude_order(table.tobytes())
+        if order is not None:
+            mask, first, last, magnitudes = order
+            low, high = int(flat.min()), int(flat.max())
+            if high <= mask and first <= low and high <= last:  # (a masked-off sign bit: see add)
+                self.count += flat.size
+                self.smallest = min(self.smallest, float(magnitudes[low]))
+                self.largest = max(self.largest, float(magnitudes[high]))
+                return
+        self.add(widen_bytes(flat, table), first_index)
+
     def merge(self, other: "ScaleFindings") -> None:
         self.count += other.count
         self.nan += other.nan
@@ -368,6 +403,24 @@ class Findings:
         return sum(s.zero for s in self.scales.values())
 
 
+@functools.cache
+def _magnitude_order(table: bytes) -> tuple[int, int, int, np.ndarray] | None:
+    """For the values of the 256 bytes (``table``, float64): (mask, first, last, magnitudes) where
+    ``|value(b)|`` is ``magnitudes[b & mask]`` for every byte (mask 0x7F: a sign bit, as E4M3's;
+    0xFF: none, as E8M0's) and ``magnitudes[first..last]`` are every finite non-zero one, strictly
+    increasing; None where neither mask does (E4M3FNUZ, whose 0x80 is NaN)."""
+    values = np.abs(np.frombuffer(table, np.float64))
+    for mask in (0x7F, 0xFF):
+        magnitudes = values[:mask + 1]
+        if not np.array_equal(values, magnitudes[np.arange(256) & mask], equal_nan=True):
+            continue
+        usable = np.flatnonzero(np.isfinite(magnitudes) & (magnitudes > 0))
+        if usable.size and usable[-1] - usable[0] + 1 == usable.size \
+                and np.all(np.diff(magnitudes[usable]) > 0):
+            return mask, int(usable[0]), int(usable[-1]), magnitudes.copy()
+    return None
+
+
 def _first(a: int, b: int) -> int:
     if a < 0:
         return b
@@ -418,15 +471,29 @@ class UnitCodes:
     """The codes of one unit as rows: ``raw`` uint8 ``[n, bytes per row]`` for logical columns
     ``[col0, col0 + width)`` of ``n`` consecutive rows, with ``scales`` float64 ``[k, blocks]``:
     the scales of the column blocks ``col0 // bw ..`` the rows touch, one row of them per run
-    of rows in ``runs`` (``(first, stop)`` row ranges covering ``0..n``; None: one per row)."""
+    of rows in ``runs`` (``(first, stop)`` row ranges covering ``0..n``; None: one per row).
+
+    ``stored``: the scales as given -- float64, or with ``table`` one-byte scales (uint8), each
+    the table's value at its byte (NVFP4's E4M3, E8M0): the C closed form looks them up itself,
+    and ``scales`` widens them only where something else asks."""
 
     fmt: CodeFormat
     raw: np.ndarray
     col0: int
     width: int
     bw: int
-    scales: np.ndarray
+    stored: np.ndarray
     runs: list[tuple[int, int]] | None = None
+    table: np.ndarray | None = None
+    _widened: np.ndarray | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def scales(self) -> np.ndarray:
+        if self.table is None:
+            return self.stored
+        if self._widened is None:
+            self._widened = widen_bytes(self.stored, self.table)
+        return self._widened
 
     def row_scales(self) -> np.ndarray:
         """``scales`` with one row per row of codes."""
@@ -474,18 +541,32 @@ def _closed_form_fused(unit: UnitCodes, per_row: bool, check: bool = True, fast:
     if not n or unit.width % pair or unit.bw % pair or unit.col0 % unit.bw or raw.dtype != np.uint8 \
             or not raw.flags.c_contiguous or (check and not _fused_agrees()):
         return None
-    if per_row or unit.runs is None:
-        scales, bounds = unit.row_scales(), np.arange(n + 1, dtype=np.int64)
+    stored, table = unit.stored, unit.table  # one-byte scales go to C as they are, with their table
+    if table is None or stored.dtype != np.uint8:
+        stored, table = unit.scales, None
+    if per_row and unit.runs is not None:
+        scales, bounds = np.repeat(stored, [b - a for a, b in unit.runs], axis=0), _row_bounds(n)
+    elif unit.runs is None:
+        scales, bounds = stored, _row_bounds(n)
     else:
-        scales, bounds = unit.scales, np.asarray([0] + [b for _, b in unit.runs], np.int64)
+        scales, bounds = stored, np.asarray([0] + [b for _, b in unit.runs], np.int64)
     squares, kind, key_values = _fused_tables(fmt)
     blocks = -(-unit.width // unit.bw)
-    scales = np.ascontiguousarray(scales[:, :blocks], np.float64)
-    result = quant_sums(raw, unit.bw // pair, squares, kind, key_values, scales, bounds,
-                        fast if fmt.name in ("e4m3fn", "e2m1") else 0)
+    scales = np.ascontiguousarray(scales[:, :blocks], np.float64 if table is None else np.uint8)
+    result: tuple[np.ndarray, float, float] | None = quant_sums(
+        raw, unit.bw // pair, squares, kind, key_values, scales, bounds,
+        fast if fmt.name in ("e4m3fn", "e2m1") else 0, table)
     if result is None or result[1] == 0 or result[2] == 0:
         return None
     return result
+
+
+@functools.lru_cache(maxsize=64)
+def _row_bounds(n: int) -> np.ndarray:
+    """``0, 1, .., n`` (int64, read-only): a group per row, made once per row count (a unit's)."""
+    bounds = np.arange(n + 1, dtype=np.int64)
+    bounds.flags.writeable = False
+    return bounds
 
 
 @functools.cache

@@ -22,6 +22,7 @@ from .codes import (
     Findings,
     ScaleFindings,
     UnitCodes,
+    byte_scale_table,
     closed_form,
     code_faults,
     dequantize,
@@ -30,6 +31,7 @@ from .codes import (
     round_quotient,
     scale_values,
     shift_e8m0,
+    widen_bytes,
 )
 from ..core.stats import TensorStats, UnitResult
 from ..core.units import UnitGrid
@@ -208,16 +210,30 @@ class Undecoded(QuantEncoding):
 class _Raw:
     """The stored data of elements ``[start, stop)``: codes (uint8, as stored) and the scales of
     the bands they touch (float64, as read or as a rescale leaves them; ``old_scales``: as read,
-    where a rescale changed them)."""
+    where a rescale changed them). One-byte scales read without a rescale stay bytes
+    (``scale_bytes``, uint8, with their values' ``table``) until something asks for ``scales``."""
 
-    __slots__ = ("start", "stop", "codes", "first_band", "scales", "raw_scales", "nbytes", "old_scales")
+    __slots__ = ("start", "stop", "codes", "first_band", "_scales", "raw_scales", "nbytes", "_old",
+                 "scale_bytes", "table")
 
-    def __init__(self, start: int, stop: int, codes: np.ndarray, first_band: int, scales: np.ndarray,
-                 raw_scales: np.ndarray, old_scales: np.ndarray | None = None) -> None:
+    def __init__(self, start: int, stop: int, codes: np.ndarray, first_band: int, scales: np.ndarray | None,
+                 raw_scales: np.ndarray, old_scales: np.ndarray | None = None,
+                 scale_bytes: np.ndarray | None = None, table: np.ndarray | None = None) -> None:
         self.start, self.stop, self.codes = start, stop, codes
-        self.first_band, self.scales, self.raw_scales = first_band, scales, raw_scales
+        self.first_band, self._scales, self.raw_scales = first_band, scales, raw_scales
         self.nbytes = codes.nbytes + raw_scales.nbytes
-        self.old_scales = scales if old_scales is None else old_scales
+        self._old, self.scale_bytes, self.table = old_scales, scale_bytes, table
+
+    @property
+    def scales(self) -> np.ndarray:
+        if self._scales is None:
+            assert self.scale_bytes is not None and self.table is not None
+            self._scales = widen_bytes(self.scale_bytes, self.table)
+        return self._scales
+
+    @property
+    def old_scales(self) -> np.ndarray:
+        return self.scales if self._old is None else self._old
 
 
 def _leaves_normal_range(values: np.ndarray, products: np.ndarray, dtype: np.dtype) -> bool:
@@ -342,6 +358,11 @@ class CodeSource:
         if self.rescale_blocks:
             raw = encoding.new_scales(raw.reshape(-1), self.factor, first_band)  # type: ignore[arg-type]
             old = scale_values(stored, encoding.scheme.e8m0).reshape(-1, grid.nbc)
+        else:
+            table = byte_scale_table(raw, encoding.scheme.e8m0)
+            if table is not None:  # one-byte scales: looked up where they are used, in C for the norms
+                return _Raw(start, stop, codes, first_band, None, stored, None,
+                            raw.view(np.uint8).reshape(-1, grid.nbc), table)
         scales = scale_values(raw, encoding.scheme.e8m0).reshape(-1, grid.nbc)
         return _Raw(start, stop, codes, first_band, scales, stored, old)
 
@@ -365,8 +386,10 @@ class CodeSource:
         row0 = lo // cols
         first_band, last_band = int(blocks.band(row0)), int(blocks.band(row0 + rows - 1))
         columns = slice(col0 // blocks.bw, (col0 + width - 1) // blocks.bw + 1)
-        scales = (data.old_scales if old else data.scales)[first_band - data.first_band:
-                                                            last_band - data.first_band + 1, columns]
+        bands = slice(first_band - data.first_band, last_band - data.first_band + 1)
+        table = data.table  # one-byte scales as read (never beside a rescale): old or new, the same
+        scales = data.scale_bytes[bands, columns] if data.scale_bytes is not None \
+            else (data.old_scales if old else data.scales)[bands, columns]
         runs = None
         if blocks.bh > 1 or last_band - first_band + 1 < rows:  # bands are consecutive: one run of rows each
             runs, start = [], row0
@@ -374,27 +397,31 @@ class CodeSource:
                 stop = min(row0 + rows, int(blocks.band_start(int(blocks.band(start)) + 1)))
                 runs.append((start - row0, stop - row0))
                 start = stop
-        return UnitCodes(self.encoding.fmt, codes.reshape(rows, -1), col0, width, blocks.bw, scales, runs)
+        return UnitCodes(self.encoding.fmt, codes.reshape(rows, -1), col0, width, blocks.bw, scales, runs, table)
 
+    @np.errstate(invalid="ignore", over="ignore", divide="ignore")  # Inf/NaN are counted, not warned of
     def reduce(self, data: _Raw, grid: UnitGrid, first: int, stop: int, stats: TensorStats,
                scratch: Scratch | None) -> tuple[list[UnitResult], Findings | None]:
         encoding = self.encoding
         op, global_value = encoding.scheme.global_op, self.global_value
         findings = Findings(encoding.codes.name, encoding.weight.shape) if self.factor is None else None
         results = []
+        bands: list[list[int]] = []  # the bands whose scales these units count, consecutive ones merged
         for k, lo, hi, unit, shape in self.units(data, grid, first, stop):
             axes = stats.axes
             row_axes = axes is not None and axes == (len(shape) - 1,)
             sums, largest, smallest = closed_form(unit, row_axes, None if scratch is None else scratch.wide)
             if op is not None:
-                sums, largest, smallest = _apply_global(sums, largest, smallest, op, global_value)
-            finite = bool(np.isfinite(sums).all()) and math.isfinite(largest) and math.isfinite(smallest)
+                sums, largest, smallest = _scaled_by_global(sums, largest, smallest, op, global_value)
+            total = float(np.add.reduce(sums))  # finite: so is every sum (none is negative); else look
+            finite = (math.isfinite(total) or bool(np.isfinite(sums).all())) and math.isfinite(largest) \
+                and math.isfinite(smallest)
             moments = None
             nans = infs = 0
             sum_abs = 0.0
             closed: Any = None
             if finite and (axes is None or row_axes):
-                closed = float(np.add.reduce(sums)) if axes is None else sums.reshape(shape[:-1])
+                closed = total if axes is None else sums.reshape(shape[:-1])
             if closed is not None and not stats.track_moments and not stats.track_l1:
                 sum_sq: Any = closed
             else:
@@ -413,10 +440,12 @@ class CodeSource:
                             findings.first_bad_code = lo + at if findings.first_bad_code < 0 \
                                 else min(findings.first_bad_code, lo + at)
             if findings is not None:
-                self._scale_findings(findings, data, lo, hi, unit)
+                self._scale_findings(findings, lo, hi, bands)
             elif self.landing is not None and finite:
                 self._land(k, lo, hi, data, unit, sums if row_axes else np.asarray([closed]), row_axes)
             results.append(UnitResult(sum_sq, smallest, largest, nans, infs, sum_abs, hi - lo, moments))
+        if findings is not None:
+            self._add_scales(findings, data, bands)
         return results, findings
 
     def _land(self, k: int, lo: int, hi: int, data: _Raw, unit: UnitCodes, after: np.ndarray,
@@ -485,21 +514,25 @@ class CodeSource:
                 values /= global_value
         return values
 
-    def _scale_findings(self, findings: Findings, data: _Raw, lo: int, hi: int, unit: UnitCodes) -> None:
-        """Count each scale once: a band's scales belong to the unit holding the band's first element."""
+    def _scale_findings(self, findings: Findings, lo: int, hi: int, bands: list[list[int]]) -> None:
+        """Count each scale once: a band's scales belong to the unit holding the band's first element
+        (its bands go to ``bands``, counted by :meth:`_add_scales` after the units)."""
         encoding, blocks = self.encoding, self.grid
         cols = blocks.cols
         if lo % cols == 0:
             row0, row1 = lo // cols, -(-hi // cols)
             first_band, last_band = int(blocks.band(row0)), int(blocks.band(row1 - 1))
-            scales = encoding.scales
-            assert scales is not None
             if int(blocks.band_start(first_band)) < row0:
                 first_band += 1
-            if first_band <= last_band:  # the bands are consecutive: their scales are one run (one add, not one a row)
-                found = findings.scales.setdefault(scales.name, ScaleFindings(scales.name, scales.shape))
-                bands = slice(first_band - data.first_band, last_band + 1 - data.first_band)
-                found.add(data.old_scales[bands], first_band * blocks.nbc)  # the stored scales' values
+            if first_band <= last_band:
+                scales = encoding.scales
+                assert scales is not None
+                if scales.name not in findings.scales:  # made here: the entries keep their order
+                    findings.scales[scales.name] = ScaleFindings(scales.name, scales.shape)
+                if bands and bands[-1][1] + 1 == first_band:
+                    bands[-1][1] = last_band
+                else:
+                    bands.append([first_band, last_band])
         if lo == 0 and encoding.global_scale is not None and self.global_raw is not None:
             part = encoding.global_scale
             found = findings.scales.setdefault(part.name, ScaleFindings(part.name, part.shape))
@@ -507,14 +540,35 @@ class CodeSource:
             findings.global_value = self.global_raw
 
 
+    def _add_scales(self, findings: Findings, data: _Raw, bands: list[list[int]]) -> None:
+        """Count the scales of ``bands`` (runs of consecutive bands: their scales are one run each,
+        one add for all the units of a read, not one a unit or a row)."""
+        scales, nbc = self.encoding.scales, self.grid.nbc
+        if not bands or scales is None:
+            return
+        found = findings.scales.setdefault(scales.name, ScaleFindings(scales.name, scales.shape))
+        for first_band, last_band in bands:
+            run = slice(first_band - data.first_band, last_band + 1 - data.first_band)
+            if data.scale_bytes is not None and data.table is not None:
+                found.add_bytes(data.scale_bytes[run], data.table, first_band * nbc)
+            else:
+                found.add(data.old_scales[run], first_band * nbc)  # the stored scales' values
+
+
 def _apply_global(row_sums: np.ndarray, largest: float, smallest: float, op: str, value: float | None
                   ) -> tuple[np.ndarray, float, float]:
-    g = math.nan if value is None else value
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        if op == "multiply":
-            sums, a, b = row_sums * (g * g), largest * g, smallest * g
-        else:
-            sums, a, b = row_sums / (g * g), largest / g, smallest / g
+        return _scaled_by_global(row_sums, largest, smallest, op, value)
+
+
+def _scaled_by_global(row_sums: np.ndarray, largest: float, smallest: float, op: str, value: float | None
+                      ) -> tuple[np.ndarray, float, float]:
+    """:func:`_apply_global` where the caller has silenced NumPy's overflow warnings (once, not a unit)."""
+    g = math.nan if value is None else value
+    if op == "multiply":
+        sums, a, b = row_sums * (g * g), largest * g, smallest * g
+    else:
+        sums, a, b = row_sums / (g * g), largest / g, smallest / g
     return sums, max(a, b), min(a, b)
 
 
