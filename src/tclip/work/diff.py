@@ -499,6 +499,8 @@ def _compare_other_bytes(reader_a: TensorReader, reader_b: TensorReader, entry: 
     a scheduler's ``lr_lambdas``, an rng state), compared by its stored bytes where both formats
     give them: equal bytes are the same object; other bytes are reported as differing (the
     writers tclip knows store one object as one stream of bytes: docs/dcp.md)."""
+    if entry.dtype_a != entry.dtype_b:
+        return
     chunks_a, chunks_b = reader_a.other_stored_bytes(old), reader_b.other_stored_bytes(new)
     if chunks_a is None or chunks_b is None:
         for chunks in (chunks_a, chunks_b):

@@ -109,9 +109,10 @@ def _format_holds_metadata(reader: TensorReader) -> bool:
 DERIVED_INDEX_KEYS = frozenset({"total_size", "total_parameters"})
 
 
-# What a reader of a folder says of how it was saved, not of what it holds (a DCP folder's
-# per-rank pieces: how many ranks wrote them): the same tensors saved on 2 or 8 ranks are the same.
-LAYOUT_KEYS = frozenset({"ranks"})
+# What a DCP folder's reader says of how it was saved, not of what it holds (the storage, the
+# metadata's version, how many ranks wrote the pieces): the same tensors saved on 2 ranks or 8, as
+# one .metadata or as Hugging Face pieces, are the same checkpoint. Megatron's keys are compared.
+LAYOUT_KEYS = frozenset({"ranks", "dcp_storage", "dcp_version"})
 
 
 def _unlaid(reader: TensorReader) -> dict[str, Any]:

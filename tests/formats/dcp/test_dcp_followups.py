@@ -54,8 +54,8 @@ def test_info_size_is_the_whole_checkpoint(fx_root: Path, kind: str) -> None:
     result = run("info", "--json", folder)
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["size_bytes"] == total
-    text = run("info", folder).stdout.splitlines()[0]
-    assert f"{human_bytes(total)} in all its files" in text, text
+    title = run("info", folder / ".metadata").stdout.splitlines()[0]
+    assert title == f"{folder}  (dcp, {human_bytes(total)})", title  # the folder, not its .metadata
 
 
 # ------------------------------------------------------------------ 2. diff of items saved as objects
@@ -117,6 +117,17 @@ def test_diff_names_a_changed_common_pt(fx_root: Path, tmp_path: Path) -> None:
     report = json.loads(result.stdout)
     assert report["verdict"] == "differ"
     assert [t["name"] for t in report["tensors"] if t["differs"]] == ["common.pt"]
+
+
+def test_diff_compares_the_tensors_of_a_plain_common_pt(fx_root: Path, tmp_path: Path) -> None:
+    """A common.pt the .pt allowlist reads: its tensors (an rng tracker's state) by their elements."""
+    a = _copy(fx_root, "megatron", tmp_path / "a")
+    shutil.copyfile(fx_root / "megatron" / "common_plain.pt", a / "common.pt")
+    b = shutil.copytree(a, tmp_path / "b")
+    result = run("diff", "--json", a, b)
+    assert result.exit_code == 0, result.output
+    rng = next(t for t in json.loads(result.stdout)["tensors"] if t["name"] == "common.pt/rng_tracker_states")
+    assert rng["status"] == "compared" and rng["elements"] == 1 and rng["outside"] == 0
 
 
 # ------------------------------------------------------------------ 3. --out-dir the folder itself

@@ -1,7 +1,7 @@
 """The stored bytes of what a DCP folder holds besides its tensors, for ``diff``: each item saved
 as an object (``BytesStorageMetadata``: torchtitan's ``lr_scheduler.lr_lambdas``, Megatron's rng
-state) and a Megatron ``common.pt`` the ``.pt`` allowlist does not read; and the checkpoint's size
-over all its files, for ``info``.
+state), a Megatron ``common.pt`` the ``.pt`` allowlist does not read, and the tensors of one it
+reads (their elements' bytes); and the checkpoint's size over all its files, for ``info``.
 
 Such an item is a ``torch.save`` zip that tclip never unpickles, so two are compared by their bytes.
 Equal bytes are the same object. torch 2.13 writes the same object to the same bytes (measured:
@@ -21,7 +21,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from .layouts import COMMON_STATE, MEGATRON_CONFIG
+
+_MAX_COMMON_TENSOR = 64 << 20  # common.pt holds rng states and counters, not weights
 
 if TYPE_CHECKING:
     from .reader import DcpReader
@@ -34,8 +38,12 @@ def item_bytes(reader: "DcpReader", name: str, chunk: int = 1 << 20) -> Iterator
 
     item = reader.byte_items.get(name)
     if item is None:
-        if name == COMMON_STATE and any(o.name == name for o in reader.others):
+        if not any(o.name == name for o in reader.others):
+            return None
+        if name == COMMON_STATE:  # (listed under this name only when the .pt allowlist did not read it)
             return _file_bytes(reader.path / COMMON_STATE, chunk)
+        if name.startswith(COMMON_STATE + "/"):
+            return _common_tensor_bytes(reader.path / COMMON_STATE, name[len(COMMON_STATE) + 1:])
         return None
     fd, _ = reader._file(item.relative_path)
     if item.transforms:
@@ -65,6 +73,23 @@ def _file_bytes(path: Path, chunk: int) -> Iterator[bytes]:
             yield from _range_bytes(fd, 0, st.st_size, chunk)
     finally:
         os.close(fd)
+
+
+def _common_tensor_bytes(path: Path, name: str) -> Iterator[bytes] | None:
+    """A tensor of Megatron's ``common.pt`` (an rng state): its elements' bytes, read by the ``.pt``
+    reader (at most :data:`_MAX_COMMON_TENSOR` bytes; None for a plain value or past that)."""
+    from ...errors import TclipError
+    from ..torch.reader import TorchReader
+
+    try:
+        reader = TorchReader(path)
+    except (TclipError, OSError):
+        return None
+    with reader:
+        info = reader.tensors.get(name)
+        if info is None or info.refused or info.nbytes > _MAX_COMMON_TENSOR:
+            return None
+        return iter([np.ascontiguousarray(reader.read(name)).tobytes()])
 
 
 def checkpoint_size(reader: object) -> int:
