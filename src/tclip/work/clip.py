@@ -108,6 +108,10 @@ def _targets(tensor_set: TensorSet, options: ClipOptions) -> tuple[dict[Path, Pa
         # Its .metadata and .distcp files are replaced one by one: an interrupted run would leave a mix.
         raise TclipError(("a DCP checkpoint is clipped into ", Option.OUT_DIR, " DIR, not ", Option.IN_PLACE,
                           " (an interrupted run would leave it half clipped)"), dcp)
+    if dcp is not None and _into_itself(dcp, options):
+        raise TclipError(("the output folder is the checkpoint's own; a DCP checkpoint is clipped into another "
+                          "folder, not ", Option.IN_PLACE, " (an interrupted run would leave it half clipped): clip "
+                          "into a new folder with ", Option.OUT_DIR, " DIR and swap the two"), dcp)
     per_rank = next((f for f in tensor_set.files if f == standing_for(f if f.is_dir() else f.parent)), None)
     if per_rank is not None:  # (no .metadata to keep: the writer rewrites a folder described by one)
         raise TclipError("a DCP checkpoint saved per rank (__R.metadata files or shard-* pieces, no .metadata) is "
@@ -125,6 +129,16 @@ def _targets(tensor_set: TensorSet, options: ClipOptions) -> tuple[dict[Path, Pa
                           "llama.cpp finds them)"), tensor_set.files[0])
     # loose files: in place (a symlink's target), -o for one file, else NAME.clipped.EXT or --out-dir
     return {f: output_for(f, options) for f in tensor_set.files}, None
+
+
+def _into_itself(folder: Path, options: ClipOptions) -> bool:
+    """Whether ``--out-dir`` (or ``-o DIR/.metadata``) names the DCP folder being clipped."""
+    out = Path(options.out_dir) if options.out_dir is not None else \
+        Path(options.output).parent if options.output is not None else None
+    try:
+        return out is not None and os.path.samefile(out, folder)
+    except OSError:  # (a folder not made yet is not the input's)
+        return False
 
 
 def _companions(tensor_set: TensorSet, options: ClipOptions) -> Companions:

@@ -136,8 +136,8 @@ def test_diff_compares_the_tensors_of_a_plain_common_pt(fx_root: Path, tmp_path:
 def test_out_dir_the_folder_itself_is_not_told_to_use_in_place(fx_root: Path, tmp_path: Path) -> None:
     copy = _copy(fx_root, "single", tmp_path / "step-100")
     before = {p.name: p.read_bytes() for p in copy.iterdir()}
-    for args in (("--out-dir", copy), ("-o", copy / ".metadata")):
-        result = run("global", copy, "--clip", "1", *args)
+    for source, args in ((copy, ("--out-dir", copy)), (copy / ".metadata", ("-o", copy / ".metadata"))):
+        result = run("global", source, "--clip", "1", *args)
         assert result.exit_code == 1, result.output
         line = result.stderr.strip()
         assert len(line.splitlines()) == 1 and "--in-place replaces" not in line, line
