@@ -498,6 +498,12 @@ class TensorWriter(ABC):
         folder counts all its files)."""
         return os.stat(self.target).st_size
 
+    def also_written(self) -> dict[str, tuple[int, int, int]]:
+        """The files besides the target that :meth:`commit` put in place where nothing was before,
+        by :func:`~tclip.formats.atomic.file_identity` (a DCP folder's ``.distcp`` files): a run
+        that fails or is interrupted after the commit removes them with the target."""
+        return {}
+
     def abort(self) -> None:
         """Close and remove the temporary file; the target is untouched."""
         try:
