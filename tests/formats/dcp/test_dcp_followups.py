@@ -28,7 +28,7 @@ from tclip.formats.dcp._metadata import load_dcp_metadata
 def fx_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("torch")
     root = tmp_path_factory.mktemp("dcpf")
-    make_all(root, ("single", "ranks2", "megatron"))
+    make_all(root, ("single", "ranks2", "megatron", "zstd"))
     return root
 
 
@@ -88,6 +88,16 @@ def test_diff_names_an_object_item_whose_bytes_differ(fx_root: Path, tmp_path: P
     others = [t for t in report["tensors"] if t["name"] != "lr_scheduler.lr_lambdas"]
     assert all(t["outside"] == 0 for t in others)
     assert report["verdict"] == "differ"
+
+
+def test_zstd_items_are_compared_decompressed(fx_root: Path) -> None:
+    """The same state saved with and without the ZStandard extension: its object items equal."""
+    pytest.importorskip("zstandard")
+    (plain, _, _), (packed, _, _) = expected(fx_root, "single"), expected(fx_root, "zstd")
+    result = run("diff", "--json", plain, packed, "--exclude", "lm_head.transposed")  # (only the plain one has it)
+    assert result.exit_code == 0, result.output
+    lambdas = next(t for t in json.loads(result.stdout)["tensors"] if t["name"] == "lr_scheduler.lr_lambdas")
+    assert lambdas["status"] == "compared" and lambdas["outside"] == 0
 
 
 def test_diff_of_megatron_copies_is_same_and_compares_metadata_json(fx_root: Path, tmp_path: Path) -> None:
