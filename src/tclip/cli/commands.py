@@ -80,7 +80,10 @@ def _check_outputs(output: Path | None, out_dir: Path | None, in_place: bool, fi
             suffixes,
         )
 
-        if output.suffix.lower() not in suffixes():
+        from ..formats.dcp import METADATA_NAME
+
+        # DIR/.metadata: a DCP folder (docs/dcp.md), written only as a rewrite of one, which the writer checks
+        if output.suffix.lower() not in suffixes() and output.name != METADATA_NAME:
             raise click.BadParameter(f"the suffix must be {suffix_list()}", param_hint="'-o/--output'")
     # os.path's tests, not Path's: they answer False for a name too long (ENAMETOOLONG) where
     # Path.exists raises; the run then names the problem in one line.

@@ -331,6 +331,12 @@ class TensorReader(ABC):
         when the format can give them as data (never code) in at most ``limit`` bytes."""
         return None
 
+    def other_stored_bytes(self, name: str, chunk: int = 1 << 20) -> Iterator[bytes] | None:
+        """The stored bytes of a non-tensor object, never interpreted (an item a DCP folder saved
+        as an object, which tclip never unpickles), for comparing two files; None where the format
+        keeps no such bytes for it."""
+        return None
+
     def plain_data(self, name: str) -> Any:
         """A non-tensor object as plain data (numbers, strings, booleans, None, and tuples
         or lists of them: an optimizer's ``param_groups.N.betas`` or ``.params``), or None
@@ -491,6 +497,12 @@ class TensorWriter(ABC):
         """The bytes :meth:`commit` put in place: the target's size (a format written as a
         folder counts all its files)."""
         return os.stat(self.target).st_size
+
+    def also_written(self) -> dict[str, tuple[int, int, int]]:
+        """The files besides the target that :meth:`commit` put in place where nothing was before,
+        by :func:`~tclip.formats.atomic.file_identity` (a DCP folder's ``.distcp`` files): a run
+        that fails or is interrupted after the commit removes them with the target."""
+        return {}
 
     def abort(self) -> None:
         """Close and remove the temporary file; the target is untouched."""

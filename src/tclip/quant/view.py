@@ -12,7 +12,7 @@ Every pass over files reads through this view: the formats below list, this pack
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -158,6 +158,9 @@ class LogicalReader(TensorReader):
 
     def other_values(self, name: str, limit: int) -> np.ndarray | None:
         return self.stored.other_values(name, limit)
+
+    def other_stored_bytes(self, name: str, chunk: int = 1 << 20) -> Iterator[bytes] | None:
+        return self.stored.other_stored_bytes(name, chunk)
 
     def stored_bytes(self, name: str, chunk: int = 1 << 20) -> Any:
         return self.stored.stored_bytes(name, chunk)

@@ -108,6 +108,10 @@ def _targets(tensor_set: TensorSet, options: ClipOptions) -> tuple[dict[Path, Pa
         # Its .metadata and .distcp files are replaced one by one: an interrupted run would leave a mix.
         raise TclipError(("a DCP checkpoint is clipped into ", Option.OUT_DIR, " DIR, not ", Option.IN_PLACE,
                           " (an interrupted run would leave it half clipped)"), dcp)
+    if dcp is not None and _into_itself(dcp, options):
+        raise TclipError(("the output folder is the checkpoint's own; a DCP checkpoint is clipped into another "
+                          "folder, not ", Option.IN_PLACE, " (an interrupted run would leave it half clipped): clip "
+                          "into a new folder with ", Option.OUT_DIR, " DIR and swap the two"), dcp)
     per_rank = next((f for f in tensor_set.files if f == standing_for(f if f.is_dir() else f.parent)), None)
     if per_rank is not None:  # (no .metadata to keep: the writer rewrites a folder described by one)
         raise TclipError("a DCP checkpoint saved per rank (__R.metadata files or shard-* pieces, no .metadata) is "
@@ -125,6 +129,16 @@ def _targets(tensor_set: TensorSet, options: ClipOptions) -> tuple[dict[Path, Pa
                           "llama.cpp finds them)"), tensor_set.files[0])
     # loose files: in place (a symlink's target), -o for one file, else NAME.clipped.EXT or --out-dir
     return {f: output_for(f, options) for f in tensor_set.files}, None
+
+
+def _into_itself(folder: Path, options: ClipOptions) -> bool:
+    """Whether ``--out-dir`` (or ``-o DIR/.metadata``) names the DCP folder being clipped."""
+    out = Path(options.out_dir) if options.out_dir is not None else \
+        Path(options.output).parent if options.output is not None else None
+    try:
+        return out is not None and os.path.samefile(out, folder)
+    except OSError:  # (a folder not made yet is not the input's)
+        return False
 
 
 def _companions(tensor_set: TensorSet, options: ClipOptions) -> Companions:
@@ -258,7 +272,7 @@ def _clip_set(tensor_set: TensorSet, mode: Any, options: ClipOptions, dask_addre
                                     None if options.out_dir is None else Path(options.out_dir))
             fresh = {t for t in [*(targets[f] for f in todo), run.index_target, *(t for _, t in run.others.copies)]
                      if t is not None and not os.path.lexists(t)}
-        _write(run, pool, report, stats, plan, todo, progress, written)
+        _write(run, pool, report, stats, plan, todo, progress, written, fresh)
     except BaseException:
         pool.close()  # every task has stopped: what it wrote can go
         _remove_written({path: mine for path, mine in written.items() if path in fresh}, created)
@@ -428,8 +442,9 @@ def _check_plan(run: _Run, pool: TaskPool, plan: Plan, stats: list[FileStats], t
 
 
 def _write(run: _Run, pool: TaskPool, report: FileReport, stats: list[FileStats], plan: Plan, todo: list[Path],
-           progress: SetProgress | None, written: dict[Path, tuple[int, int, int]]) -> None:
-    """Pass 2 on every file, the report's second half, the folder's other files, the index last."""
+           progress: SetProgress | None, written: dict[Path, tuple[int, int, int]], fresh: set[Path]) -> None:
+    """Pass 2 on every file, the report's second half, the folder's other files, the index last
+    (``written``, ``fresh``: see :func:`_rewrite_all`)."""
     options, tensor_set, targets = run.options, run.tensor_set, run.targets
     calls, order = [], []
     for f, s in zip(todo, stats):
@@ -442,7 +457,7 @@ def _write(run: _Run, pool: TaskPool, report: FileReport, stats: list[FileStats]
                       {"progress": _file_progress(progress, pool, f), "layout": run.layout, "expect": s.identity,
                        "measure_after": options.measure_after, **run.held, **marker}))
         order.append(f)
-    results = _rewrite_all(pool, calls, order, run.journal, tensor_set, None if options.in_place else written)
+    results = _rewrite_all(pool, calls, order, run.journal, tensor_set, None if options.in_place else written, fresh)
     _finish_set_report(run, report, stats, plan, {r.path: r for r in results})
     index_target = run.index_target
     if not options.dry_run and not options.in_place and (index_target is not None or run.folder_files):
@@ -526,11 +541,13 @@ def _remove_written(written: dict[Path, tuple[int, int, int]], created: list[Pat
 
 
 def _rewrite_all(pool: TaskPool, calls: list, order: list[Path], journal: Path | None, tensor_set: TensorSet,
-                 written: dict[Path, tuple[int, int, int]] | None) -> list[RewriteResult]:
+                 written: dict[Path, tuple[int, int, int]] | None, fresh: set[Path]) -> list[RewriteResult]:
     """Pass 2 on every file. In place, every shard that is replaced is written down in the
     journal as soon as it is, even when the run stops (an error, Ctrl-C) while other shards
     are being written; into new files, what each task wrote goes into ``written`` (a failed
-    run removes those, and only those)."""
+    run removes those, and only those), and the other files a task put where nothing was (a
+    DCP folder's ``.distcp`` files) into ``fresh`` too: an interrupt after the commit leaves
+    no ``.distcp`` files without their ``.metadata``."""
     futures = {pool.executor.submit(rewrite_task, *args, **kwargs): (file, kwargs.get("commit_marker"))
                for (args, kwargs), file in zip(calls, order)}
     results: dict[Path, RewriteResult] = {}
@@ -543,7 +560,10 @@ def _rewrite_all(pool: TaskPool, calls: list, order: list[Path], journal: Path |
         elif marker is not None:
             Path(marker).unlink(missing_ok=True)
         if written is not None and result.written is not None and result.output is not None:
-            written[Path(result.output)] = result.written
+            written[Path(result.output)] = result.written  # (first: removed before the files it names)
+            for path, identity in result.also_written.items():
+                written[Path(path)] = identity
+                fresh.add(Path(path))
 
     try:
         for future in as_completed(futures):

@@ -22,7 +22,7 @@ from __future__ import annotations
 import enum
 import math
 import time
-from contextlib import closing
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from itertools import zip_longest
 from pathlib import Path
@@ -452,6 +452,8 @@ def _compare_others(reader_a: TensorReader, reader_b: TensorReader, rules: list[
                         entry.note = Remark(RemarkKind.AS_DATA, f"not numbers ({other.kind}): compared as data")
                         entry.elements, entry.outside = int(x.size), differing
                         report.bytes_read += x.nbytes + y.nbytes
+                if entry.status is Status.NOT_COMPARED:
+                    _compare_other_bytes(reader_a, reader_b, entry, other.name, new, other.kind, report)
         report.tensors.append(entry)
     for name, other in sorted(others_b.items()):
         report.tensors.append(TensorDiff(name, None, None, list(other.shape) if other.shape is not None else None,
@@ -464,18 +466,11 @@ def _same_kind_of_bytes(a: TensorInfo, b: TensorInfo) -> bool:
             and a.dtype_label == b.dtype_label)
 
 
-def _compare_bytes(reader_a: TensorReader, reader_b: TensorReader, entry: "TensorDiff", old: str, new: str,
-                   report: "DiffReport") -> None:
-    """Data that is not numbers is equal when its stored bytes are: compare them, element by
-    element where elements have a fixed size (a pickle is one stream: equal or not)."""
-    chunks_a, chunks_b = reader_a.stored_bytes(old), reader_b.stored_bytes(new)
-    if chunks_a is None or chunks_b is None:
-        return
-    info = reader_a.tensors[old]
-    itemsize = 0 if info.dtype.hasobject else info.dtype.itemsize
+def _stream_difference(chunks_a: Iterator[bytes], chunks_b: Iterator[bytes], itemsize: int) -> tuple[int, int, int]:
+    """(elements that differ, or 0/1 for one stream when ``itemsize`` is 0; bytes of A; bytes of B)."""
     differing, total_a, total_b = 0, 0, 0
     pending_a, pending_b = b"", b""
-    with closing(chunks_a), closing(chunks_b):
+    try:
         for part_a, part_b in zip_longest(chunks_a, chunks_b, fillvalue=b""):
             total_a, total_b = total_a + len(part_a), total_b + len(part_b)
             pending_a, pending_b = pending_a + part_a, pending_b + part_b
@@ -490,8 +485,44 @@ def _compare_bytes(reader_a: TensorReader, reader_b: TensorReader, entry: "Tenso
                 elif not np.array_equal(x, y):
                     differing = 1
                 pending_a, pending_b = pending_a[common:], pending_b[common:]
+    finally:
+        for chunks in (chunks_a, chunks_b):
+            getattr(chunks, "close", lambda: None)()  # (a generator holding a file open)
     if pending_a != pending_b or total_a != total_b:
         differing = max(differing, 1)
+    return differing, total_a, total_b
+
+
+def _compare_other_bytes(reader_a: TensorReader, reader_b: TensorReader, entry: "TensorDiff", old: str, new: str,
+                         kind: str, report: "DiffReport") -> None:
+    """An object whose value tclip does not read (an item a DCP folder saved with ``torch.save``:
+    a scheduler's ``lr_lambdas``, an rng state), compared by its stored bytes where both formats
+    give them: equal bytes are the same object; other bytes are reported as differing (the
+    writers tclip knows store one object as one stream of bytes: docs/dcp.md)."""
+    if entry.dtype_a != entry.dtype_b:
+        return
+    chunks_a, chunks_b = reader_a.other_stored_bytes(old), reader_b.other_stored_bytes(new)
+    if chunks_a is None or chunks_b is None:
+        for chunks in (chunks_a, chunks_b):
+            getattr(chunks, "close", lambda: None)()  # (a generator holding a file open)
+        return
+    differing, total_a, total_b = _stream_difference(chunks_a, chunks_b, 0)
+    report.bytes_read += total_a + total_b
+    entry.status, entry.elements, entry.outside = Status.COMPARED, 1, min(differing, 1)
+    entry.note = Remark(RemarkKind.BYTES, f"not numbers ({kind}): compared byte for byte "
+                        "(a pickled object: as one stream)")
+
+
+def _compare_bytes(reader_a: TensorReader, reader_b: TensorReader, entry: "TensorDiff", old: str, new: str,
+                   report: "DiffReport") -> None:
+    """Data that is not numbers is equal when its stored bytes are: compare them, element by
+    element where elements have a fixed size (a pickle is one stream: equal or not)."""
+    chunks_a, chunks_b = reader_a.stored_bytes(old), reader_b.stored_bytes(new)
+    if chunks_a is None or chunks_b is None:
+        return
+    info = reader_a.tensors[old]
+    itemsize = 0 if info.dtype.hasobject else info.dtype.itemsize
+    differing, total_a, total_b = _stream_difference(chunks_a, chunks_b, itemsize)
     report.bytes_read += total_a + total_b
     entry.status = Status.COMPARED
     entry.elements = math.prod(entry.shape_a or [])

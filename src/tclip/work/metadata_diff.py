@@ -109,6 +109,16 @@ def _format_holds_metadata(reader: TensorReader) -> bool:
 DERIVED_INDEX_KEYS = frozenset({"total_size", "total_parameters"})
 
 
+# What a DCP folder's reader says of how it was saved, not of what it holds (the storage, the
+# metadata's version, how many ranks wrote the pieces): the same tensors saved on 2 ranks or 8, as
+# one .metadata or as Hugging Face pieces, are the same checkpoint. Megatron's keys are compared.
+LAYOUT_KEYS = frozenset({"ranks", "dcp_storage", "dcp_version"})
+
+
+def _unlaid(reader: TensorReader) -> dict[str, Any]:
+    return {k: v for k, v in reader.metadata.items() if k not in LAYOUT_KEYS}
+
+
 def _index_metadata(reader: TensorReader) -> dict[str, Any]:
     return {k: v for k, v in reader.metadata.items() if k not in DERIVED_INDEX_KEYS}
 
@@ -134,6 +144,10 @@ def metadata_differences(reader_a: TensorReader, reader_b: TensorReader, pairs: 
     elif whole_files:
         if _format_holds_metadata(reader_a) and _format_holds_metadata(reader_b):
             found += compare_mappings(None, dict(reader_a.metadata), dict(reader_b.metadata), not same_format)
+        elif same_format:
+            # What such a format's readers find beside the tensors (a DCP folder's dcp_version,
+            # Megatron's metadata.json) is comparable between two of its files, but for the layout.
+            found += compare_mappings(None, _unlaid(reader_a), _unlaid(reader_b))
         elif reader_a.metadata or reader_b.metadata:
             compared = False
         if same_format:

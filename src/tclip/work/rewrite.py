@@ -53,6 +53,9 @@ class RewriteResult:
     # The output file this pass wrote (tclip.formats.atomic.file_identity): a failed run removes
     # only what it wrote itself, never a file another run put at that name meanwhile.
     written: tuple[int, int, int] | None = None
+    # Other files the pass put where nothing was before (a DCP folder's .distcp files), by path:
+    # removed with ``output`` by a run that fails or is interrupted after this pass committed.
+    also_written: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     # Views overlapping in the output (see FileStats.owned): (sum of squares, sum of |x|) of the
     # stored elements each holds first, read back from the output (None: not measured).
     owned: dict[str, tuple[float, float]] | None = None
@@ -156,6 +159,7 @@ def _rewrite(reader: TensorReader, work: dict[str, TensorWork], target: Path | N
             check_same(measured, expect)
             writer.commit(commit_marker)
             result.written = getattr(getattr(writer, "output", None), "written", None)
+            result.also_written = writer.also_written()
             result.bytes_written = writer.written_size()
             if lossy and measure_after:
                 result.after.update(_measure_written(target, {n: result.after[n].axes for n in lossy}, budget))

@@ -397,9 +397,13 @@ def _header_info(path: Path, layout: QuantLayout | None = None) -> InfoReport:
 
 
 def _chunk_files(reader: Any, info: InfoReport) -> None:
-    """A DCP folder's info: which ``.distcp`` files hold each tensor, and every file with its size."""
+    """A DCP folder's info: which ``.distcp`` files hold each tensor, every file with its size, and
+    the size of the whole checkpoint (all its files)."""
     if reader.format_name != "dcp":
         return
     for t in info.tensors:
         t.chunk_files = list(dict.fromkeys(reader.chunk_files(t.name)))
     info.storage_files = dict(sorted(reader.storage_files().items(), key=lambda item: natural_key(item[0])))
+    from ..formats.dcp.objects import checkpoint_size
+
+    info.size_bytes = checkpoint_size(reader)  # (the checkpoint's, not its .metadata's: info's title says so)

@@ -96,10 +96,20 @@ def storage_line(info: InfoReport) -> Text:
     return Text(f"stored in {len(files)} {noun} ({human_bytes(sum(files.values()))}): " + ", ".join(shown), style="dim")
 
 
+def _shown_file(info: InfoReport) -> str:
+    """What the title names: a DCP folder rather than its ``.metadata`` (``--json``'s ``file``), as
+    ``report`` does; the size beside it is the whole checkpoint's, not that file's few kB."""
+    if info.storage_files is not None:
+        head, _, name = info.file.replace("\\", "/").rpartition("/")
+        if name.endswith(".metadata") or name == "metadata.json":
+            return info.file[:len(head)] or "."
+    return info.file
+
+
 def render_info(info: InfoReport, console: Console, *, width: int | None = -1, sort: str = "order") -> None:
     symbols = symbols_for(console)
     fit = console.width if width == -1 else width
-    title = Text(safe(info.file), style="bold")
+    title = Text(safe(_shown_file(info)), style="bold")
     title.append(f"  ({info.format}, {human_bytes(info.size_bytes)})")
     tensors = info.tensors if sort != "name" else sorted(info.tensors, key=lambda t: shown_key(t.name))
     if len(tensors) > PLAIN_ROWS:

@@ -85,10 +85,7 @@ class _MetadataInterpreter(_Interpreter):
     BUILD of their state. Records are dict keys by identity (``storage_data``'s keys are
     ``MetadataIndex`` records): no hash of attacker-chosen values is ever taken for them."""
 
-    def handlers(self) -> list[Any]:
-        table = super().handlers()
-        table[0x81] = self.op_newobj  # NEWOBJ; NEWOBJ_EX, INST, OBJ stay refused
-        return table
+    EXTRA_OPS = {0x81: "op_newobj"}  # NEWOBJ; NEWOBJ_EX, INST, OBJ stay refused
 
     def refused(self, what: str) -> UnsupportedError:
         return UnsupportedError(f"{self.where}: {what}; {_ADVICE}", self.path)

@@ -35,6 +35,7 @@ import stat
 import struct
 import tempfile
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -101,6 +102,7 @@ class DcpReader(TensorReader):
         self._sizes: dict[str, int] = {}
         self._temps: list[int] = []
         self._values: dict[str, Any] = {}  # plain values of bytes items, by name
+        self.byte_items: dict[str, StorageItem] = {}  # where each item saved as an object is
         self._scratch = -1  # a temporary file small zstd items are decompressed into, one after another
         self._lock = threading.Lock()
         self.pieces: dict[str, list[_Piece]] = {}
@@ -163,6 +165,7 @@ class DcpReader(TensorReader):
                 item = items[name][0]
                 self._check_range(item)
                 ranges.append((item.relative_path, item.offset, item.offset + item.length, name))
+                self.byte_items[name] = item
                 self.others.append(self._bytes_item(name, item))
                 continue
             self._check_chunks(name, entry)
@@ -543,6 +546,11 @@ class DcpReader(TensorReader):
         from ..torch.reader import _plain_value
 
         return _plain_value(self._values[name], limit) if name in self._values else None
+
+    def other_stored_bytes(self, name: str, chunk: int = 1 << 20) -> Iterator[bytes] | None:
+        from .objects import item_bytes
+
+        return item_bytes(self, name, chunk)
 
     def plain_data(self, name: str) -> Any:
         """A saved object as plain data (an optimizer's ``param_groups.<fqn>.betas``), never code."""

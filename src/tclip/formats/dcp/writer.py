@@ -15,7 +15,8 @@ is not a folder's ``.metadata`` (``--out-dir DIR`` names the folder), and the in
 
 The output's files appear one by one on commit, the ``.distcp`` files first and ``.metadata``
 last (a folder without its ``.metadata`` is no DCP checkpoint); a failed commit removes those
-it renamed.
+it renamed, and :meth:`DcpWriter.also_written` tells the run which ``.distcp`` files are new, so
+that a run failing or interrupted after the commit removes them with ``.metadata``.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ class DcpWriter(TensorWriter):
         self._lock = threading.Lock()
         self._written: dict[str, int] = {}
         self._outputs: dict[str, AtomicOutput] = {}
+        self._fresh: set[str] = set()  # the .distcp files where nothing was before (see also_written)
         self._fds: dict[str, int] = {}
         self.chunks: dict[str, list[_Chunk | None]] = {}  # per rewritten tensor, per piece (None: empty)
         holes: dict[str, list[tuple[int, int]]] = {}
@@ -134,6 +136,8 @@ class DcpWriter(TensorWriter):
         for relative in sorted(like._sizes):
             fd, size = like._file(relative)
             out = AtomicOutput(folder / relative, overwrite=self.output.overwrite, mode_from=like.path / relative)
+            if not os.path.lexists(folder / relative):
+                self._fresh.add(relative)
             self._outputs[relative] = out
             self._fds[relative] = out.open()
             os.ftruncate(self._fds[relative], size)
@@ -279,6 +283,12 @@ class DcpWriter(TensorWriter):
 
     def written_size(self) -> int:
         return sum(os.stat(path).st_size for path in [*(out.target for out in self._outputs.values()), self.target])
+
+    def also_written(self) -> dict[str, tuple[int, int, int]]:
+        """The ``.distcp`` files committed where nothing was before: a run interrupted after this
+        commit removes them with ``.metadata`` (a folder of .distcp files alone is no checkpoint)."""
+        return {str(out.target): out.written for relative, out in self._outputs.items()
+                if relative in self._fresh and out.written is not None}
 
     def abort(self) -> None:
         try:
