@@ -39,13 +39,13 @@ from typing import Any
 
 import numpy as np
 
-from ...core.units import Index, flat_rectangles
+from ...core.units import Index
 from ...errors import FormatError, TclipError, UnsupportedError
-from .._blocks import contiguous_span, normalize_index
-from .._io import flat_result, pread_into
+from .._blocks import contiguous_span
+from .._io import pread_into
 from ..base import TensorInfo, TensorReader
 from ..safetensors import SafetensorsReader
-from ._chunks import _c_strides, _coverage
+from ._chunks import PieceReads, _c_strides, _coverage
 from ._metadata import Chunk
 from .per_rank import OFFSETS_KEY, PIECE_NAME, SHARDING_KEY, _order, is_piece_name, piece_files
 
@@ -93,7 +93,7 @@ class _Piece:
         self.dtype = file.tensors[name].dtype
 
 
-class HfShardsReader(TensorReader):
+class HfShardsReader(PieceReads, TensorReader):
     """A folder of per-rank ``shard-*-model-*.safetensors`` pieces, as whole tensors."""
 
     format_name = "dcp"
@@ -224,46 +224,7 @@ class HfShardsReader(TensorReader):
     def parallel_safe(self, name: str) -> bool:
         return True  # preads and private maps
 
-    def read(self, name: str, index: Index | None = None, scratch: bytearray | None = None) -> np.ndarray:
-        info = self._readable(name)
-        index = normalize_index(index, info.shape)
-        out = np.empty(tuple(s.stop - s.start for s in index), info.dtype)
-        self._fill(name, index, out)
-        return out
-
-    def read_flat(self, name: str, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
-        info = self._readable(name)
-        result = flat_result(info.dtype, stop - start, out)
-        position = 0
-        for rect in flat_rectangles(info.shape, start, stop):
-            sizes = tuple(s.stop - s.start for s in rect)
-            n = math.prod(sizes)
-            self._fill(name, rect, result[position:position + n].reshape(sizes))
-            position += n
-        return result
-
-    def _readable(self, name: str) -> TensorInfo:
-        info = self.tensors[name]
-        if info.refused:
-            raise TclipError(f"tensor {name!r}: {info.refused}", self.path)
-        return info
-
-    def _fill(self, name: str, index: Index, out: np.ndarray) -> None:
-        """Write the block ``index`` of a tensor into ``out``, from the pieces it meets."""
-        if out.size == 0:
-            return
-        for piece in self.pieces[name]:
-            local, target = [], []
-            for s, o, n in zip(index, piece.chunk.offsets, piece.chunk.sizes):
-                lo, hi = max(s.start, o), min(s.stop, o + n)
-                if lo >= hi:
-                    break
-                local.append(slice(lo - o, hi - o))
-                target.append(slice(lo - s.start, hi - s.start))
-            else:
-                self._read_piece(piece, tuple(local), out[tuple(target)] if target else out[...])
-
-    def _read_piece(self, piece: _Piece, local: Index, dest: np.ndarray) -> None:
+    def _read_piece(self, piece: _Piece, local: Index, dest: np.ndarray, name: str = "") -> None:
         if piece.fd >= 0:
             self._read_from(piece.fd, piece, local, dest)
             return

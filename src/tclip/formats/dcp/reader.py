@@ -42,14 +42,14 @@ from typing import Any, cast
 
 import numpy as np
 
-from ...core.units import Index, flat_rectangles
+from ...core.units import Index
 from ...errors import FormatError, TclipError, UnsupportedError
-from .._blocks import contiguous_span, normalize_index
-from .._io import flat_result, pread_into
+from .._blocks import contiguous_span
+from .._io import pread_into
 from ..torch.pickled import ADVICE, NOT_FLOATING_TORCH_DTYPES, TORCH_DTYPES, PickleLimits
 from ..base import OtherObject, TensorInfo, TensorReader
 from . import METADATA_NAME
-from ._chunks import _c_strides, _coverage
+from ._chunks import PieceReads, _c_strides, _coverage
 from ._window import Window
 from ._metadata import BytesEntry, Chunk, DcpMetadata, StorageItem, TensorEntry, load_dcp_metadata
 from .layouts import MEGATRON_CONFIG, megatron_config, megatron_parts
@@ -85,7 +85,7 @@ class _Piece:
     compressed: bool = False
 
 
-class DcpReader(TensorReader):
+class DcpReader(PieceReads, TensorReader):
     """A DCP checkpoint folder (given as the folder or its ``.metadata``)."""
 
     format_name = "dcp"
@@ -605,49 +605,6 @@ class DcpReader(TensorReader):
 
     def parallel_safe(self, name: str) -> bool:
         return True  # preads and private maps; a zstd chunk is decompressed under a lock
-
-    def read(self, name: str, index: Index | None = None, scratch: bytearray | None = None) -> np.ndarray:
-        info = self._readable(name)
-        index = normalize_index(index, info.shape)
-        out = np.empty(tuple(s.stop - s.start for s in index), info.dtype)
-        self._fill(name, index, out)
-        return out
-
-    def read_flat(self, name: str, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
-        """Elements ``[start, stop)`` in C order, each chunk's part read straight into the result
-        where it is one run there (a ``Shard(0)`` piece, a replicated tensor)."""
-        info = self._readable(name)
-        result = flat_result(info.dtype, stop - start, out)
-        position = 0
-        for rect in flat_rectangles(info.shape, start, stop):
-            sizes = tuple(s.stop - s.start for s in rect)
-            n = math.prod(sizes)
-            self._fill(name, rect, result[position:position + n].reshape(sizes))
-            position += n
-        return result
-
-    def _readable(self, name: str) -> TensorInfo:
-        info = self.tensors[name]
-        if info.refused:
-            raise TclipError(f"tensor {name!r}: {info.refused}", self.path)
-        return info
-
-    def _fill(self, name: str, index: Index, out: np.ndarray) -> None:
-        """Write the block ``index`` of a tensor into ``out`` (a view of its shape), chunk by chunk."""
-        if out.size == 0:
-            return
-        self._ensure(name)
-        for piece in self.pieces[name]:
-            chunk = piece.chunk
-            local, target = [], []
-            for s, o, n in zip(index, chunk.offsets, chunk.sizes):
-                lo, hi = max(s.start, o), min(s.stop, o + n)
-                if lo >= hi:
-                    break
-                local.append(slice(lo - o, hi - o))
-                target.append(slice(lo - s.start, hi - s.start))
-            else:
-                self._read_piece(piece, tuple(local), out[tuple(target)] if target else out[...], name)
 
     def _read_piece(self, piece: _Piece, local: Index, dest: np.ndarray, name: str) -> None:
         dtype = dest.dtype
