@@ -216,7 +216,7 @@ class SafetensorsReader(TensorReader):
     def refuse_dcp_piece(self) -> None:
         """One rank's pieces of a DCP checkpoint are not read as a file of their own (their
         shapes are pieces'): :mod:`.dcp.hf_shards` reads their folder as whole tensors."""
-        from .dcp.hf_shards import piece_problem
+        from .dcp.per_rank import piece_problem
 
         problem = piece_problem(self.path, self.metadata)
         if problem:

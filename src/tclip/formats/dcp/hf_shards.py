@@ -22,7 +22,7 @@ A block of a tensor reads only the pieces it meets, each part with one ``pread``
 run of the piece's file (a ``Shard(0)`` piece, a replicated tensor).
 
 A piece file opened alone (named on the command line, or a glob matching only some of a folder's
-pieces) is refused by the safetensors reader (:func:`piece_problem`): its shapes are a piece's,
+pieces) is refused by the safetensors reader (:func:`.per_rank.piece_problem`): its shapes are a piece's,
 and counting pieces as tensors would give a wrong norm. A glob matching every piece of a folder,
 and a folder listed inside another, stand for the folder (:func:`fold_pieces`).
 """
@@ -47,33 +47,13 @@ from ..base import TensorInfo, TensorReader
 from ..safetensors import SafetensorsReader
 from ._chunks import PieceReads, _c_strides, _coverage
 from ._metadata import Chunk
-from .per_rank import OFFSETS_KEY, PIECE_NAME, SHARDING_KEY, _order, is_piece_name, piece_files
+from .per_rank import MAX_SHARDING_INFO, OFFSETS_KEY, PIECE_NAME, SHARDING_KEY, _order, is_piece_name, piece_files
 
 _COVERAGE_PER_PIECE = 64
 _COVERAGE_BASE = 1 << 22
 # Past this many piece files (a run of hundreds of ranks, several files each), files are not kept
 # open: a piece's file is opened for each read of it (the soft limit on open files is often 1024).
 MAX_OPEN_FILES = 256
-_MAX_SHARDING_INFO = 64 << 20
-
-
-def piece_problem(path: Path, metadata: dict[str, Any]) -> str | None:
-    """Why a safetensors file must not be read alone: it is one rank's piece of a DCP checkpoint
-    (named so, or placed off the origin by its ``DCP_SHARDING_INFO``). A file torch's writer
-    saved from one rank's full state dict (every offset zero, named ``model-*``) is whole."""
-    info = metadata.get(SHARDING_KEY)
-    if info is None:
-        return None
-    if not is_piece_name(path.name):
-        try:
-            parsed = json.loads(info) if isinstance(info, str) and len(info) <= _MAX_SHARDING_INFO else None
-        except (ValueError, RecursionError):
-            parsed = None
-        if isinstance(parsed, dict) and all(isinstance(v, dict) and isinstance(v.get(OFFSETS_KEY), list)
-                                            and not any(v[OFFSETS_KEY]) for v in parsed.values()):
-            return None
-    return (f"one rank's pieces of a DCP checkpoint ({SHARDING_KEY} in its __metadata__): its shapes are not "
-            f"its tensors' own; give the folder ({path.parent}) to read them whole")
 
 
 class _PieceFile(SafetensorsReader):
@@ -164,7 +144,7 @@ class HfShardsReader(PieceReads, TensorReader):
         if not isinstance(text, str):
             raise self.bad(f"{where}: no {SHARDING_KEY} in its __metadata__: not a piece of a DCP checkpoint")
         try:
-            info = json.loads(text) if len(text) <= _MAX_SHARDING_INFO else None
+            info = json.loads(text) if len(text) <= MAX_SHARDING_INFO else None
         except (ValueError, RecursionError) as error:
             raise self.bad(f"{where}: {SHARDING_KEY} is not valid JSON ({str(error)[:100]})") from None
         if not isinstance(info, dict):

@@ -19,7 +19,6 @@ import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -27,32 +26,22 @@ from .layouts import COMMON_STATE, MEGATRON_CONFIG
 
 _MAX_COMMON_TENSOR = 64 << 20  # common.pt holds rng states and counters, not weights
 
-if TYPE_CHECKING:
-    from .reader import DcpReader
-
-
-def item_bytes(reader: "DcpReader", name: str, chunk: int = 1 << 20) -> Iterator[bytes] | None:
-    """The stored bytes of the item ``name`` saved as an object, or of an unread ``common.pt``;
-    None for anything else (or a compressed item tclip cannot decompress here)."""
-    from .reader import ZSTD
-
-    item = reader.byte_items.get(name)
-    if item is None:
-        if not any(o.name == name for o in reader.others):
-            return None
-        if name == COMMON_STATE:  # (listed under this name only when the .pt allowlist did not read it)
-            return _file_bytes(reader.path / COMMON_STATE, chunk)
-        if name.startswith(COMMON_STATE + "/"):
-            return _common_tensor_bytes(reader.path / COMMON_STATE, name[len(COMMON_STATE) + 1:])
+def common_bytes(folder: Path, name: str, listed: bool, chunk: int = 1 << 20) -> Iterator[bytes] | None:
+    """The stored bytes of an unread ``common.pt`` (``name`` is that file), or the elements' bytes
+    of one of its tensors (``common.pt/<name>``); None for anything else. ``listed``: the folder's
+    reader lists ``name`` among the items that are not tensors."""
+    if not listed:
         return None
-    fd, _ = reader._file(item.relative_path)
-    if item.transforms:
-        found = reader._small_decompressed(fd, item) if item.transforms == (ZSTD,) else None
-        if found is None:
-            return None
-        scratch, start, length = found
-        return iter([os.pread(scratch, length, start)])  # (read now: the scratch file is reused)
-    return _range_bytes(fd, item.offset, item.length, chunk)
+    if name == COMMON_STATE:  # (listed under this name only when the .pt allowlist did not read it)
+        return _file_bytes(folder / COMMON_STATE, chunk)
+    if name.startswith(COMMON_STATE + "/"):
+        return _common_tensor_bytes(folder / COMMON_STATE, name[len(COMMON_STATE) + 1:])
+    return None
+
+
+def range_bytes(fd: int, offset: int, length: int, chunk: int = 1 << 20) -> Iterator[bytes]:
+    """``length`` bytes of ``fd`` from ``offset``, ``chunk`` at a time."""
+    return _range_bytes(fd, offset, length, chunk)
 
 
 def _range_bytes(fd: int, offset: int, length: int, chunk: int) -> Iterator[bytes]:

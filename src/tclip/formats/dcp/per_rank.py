@@ -10,9 +10,11 @@ reading them (cheap: called on every folder an input names):
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 from . import METADATA_NAME
 
@@ -111,3 +113,25 @@ def checkpoint_files(folder: Path | str) -> list[Path]:
     if is_rank_metadata_folder(folder):
         return [*rank_metadata_files(folder), *sorted(Path(folder).glob("*.distcp"))]
     return []
+
+
+MAX_SHARDING_INFO = 64 << 20  # (bytes of DCP_SHARDING_INFO parsed at most)
+
+
+def piece_problem(path: Path, metadata: dict[str, Any]) -> str | None:
+    """Why a safetensors file must not be read alone: it is one rank's piece of a DCP checkpoint
+    (named so, or placed off the origin by its ``DCP_SHARDING_INFO``). A file torch's writer
+    saved from one rank's full state dict (every offset zero, named ``model-*``) is whole."""
+    info = metadata.get(SHARDING_KEY)
+    if info is None:
+        return None
+    if not is_piece_name(path.name):
+        try:
+            parsed = json.loads(info) if isinstance(info, str) and len(info) <= MAX_SHARDING_INFO else None
+        except (ValueError, RecursionError):
+            parsed = None
+        if isinstance(parsed, dict) and all(isinstance(v, dict) and isinstance(v.get(OFFSETS_KEY), list)
+                                            and not any(v[OFFSETS_KEY]) for v in parsed.values()):
+            return None
+    return (f"one rank's pieces of a DCP checkpoint ({SHARDING_KEY} in its __metadata__): its shapes are not "
+            f"its tensors' own; give the folder ({path.parent}) to read them whole")

@@ -548,9 +548,22 @@ class DcpReader(PieceReads, TensorReader):
         return _plain_value(self._values[name], limit) if name in self._values else None
 
     def other_stored_bytes(self, name: str, chunk: int = 1 << 20) -> Iterator[bytes] | None:
-        from .objects import item_bytes
+        """The stored bytes of an item saved as an object, or of an unread ``common.pt`` (for
+        comparing two checkpoints); None for anything else, or a compressed item tclip cannot
+        decompress here."""
+        from .objects import common_bytes, range_bytes
 
-        return item_bytes(self, name, chunk)
+        item = self.byte_items.get(name)
+        if item is None:
+            return common_bytes(self.path, name, any(o.name == name for o in self.others), chunk)
+        fd, _ = self._file(item.relative_path)
+        if item.transforms:
+            found = self._small_decompressed(fd, item) if item.transforms == (ZSTD,) else None
+            if found is None:
+                return None
+            scratch, start, length = found
+            return iter([os.pread(scratch, length, start)])  # (read now: the scratch file is reused)
+        return range_bytes(fd, item.offset, item.length, chunk)
 
     def plain_data(self, name: str) -> Any:
         """A saved object as plain data (an optimizer's ``param_groups.<fqn>.betas``), never code."""
