@@ -248,6 +248,9 @@ def test_dask_reruns_the_task_of_a_worker_killed_right_after_its_rename(tmp_path
                                   dashboard_address=":0", silence_logs=50) as local:
         with distributed.Client(local) as client:
             workers = client.run(os.getpid)
+            # (the stack sampler is off in the tests' workers: see tests/conftest.py)
+            assert not any(client.run(lambda: __import__("dask").config.get("distributed.worker.profile.enabled"))
+                           .values())
             client.run(die_after_the_first_rename)  # (the workers that replace them are not)
             result = subprocess.run([sys.executable, "-m", "tclip", "global", "--clip", "1", "--json", "--dask",
                                      local.scheduler_address, "--in-place", str(index)],
